@@ -1,0 +1,61 @@
+// FFA: attention over a slice-list mask (SPEC §2). One entry point per direction; the public
+// functions validate everything once (shapes, dtypes, strides, head dims, sink) and then hand
+// plain views to the backend chosen by the tensors' device.
+//
+// Layout THD: q [Nq, Hq, D], k and v [Nk, Hkv, D], out [Nq, Hq, D], lse [Nq, Hq].
+// Compute type: fp64 when q is fp64, else fp32 (bf16/fp16 inputs are widened to fp32).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+#include "magi/mask.h"
+#include "magi/tensor.h"
+
+namespace magi {
+
+enum class SinkLayout : std::uint8_t {
+  kSH,   // [S_sink, Hq]: one set of sink logits per head
+  kSSH,  // [Nq, S_sink, Hq]: per query token
+};
+SinkLayout sink_layout_from_name(std::string_view name);  // "sh" | "ssh"
+
+inline constexpr int kMaxSinkLen = 8;      // sink tokens per row
+inline constexpr int kMaxHeadDim = 256;    // D: any multiple of 8 up to this
+
+struct AttnOptions {
+  std::optional<double> softmax_scale;  // default 1/sqrt(D)
+  double softcap = 0.0;                 // 0: off; else S = c * tanh(S * scale / c)
+  SinkLayout sink_layout = SinkLayout::kSH;
+  // Forward: out/lse (fp32 or fp64, the compute type) already hold a partial result over
+  // other slices; merge into it by the LSE rule and max into max_logits.
+  // Backward: add into dq/dk/dv/dsink instead of overwriting them.
+  bool accumulate = false;
+  bool deterministic = false;  // CPU: always bitwise deterministic for a fixed thread count
+  int num_threads = 0;         // CPU: 0 = all hardware threads
+  int sm_margin = 0;           // GPU: SMs left free for communication kernels
+};
+
+struct FwdArgs {
+  TensorView q, k, v;
+  TensorView out;                // [Nq, Hq, D], any float type (compute type if accumulate)
+  TensorView lse;                // [Nq, Hq], compute type
+  std::optional<TensorView> sink;        // fp32 or fp64, layout per options.sink_layout
+  std::optional<TensorView> max_logits;  // [Hq], compute type: max of scale*q.k (pre-softcap)
+};
+
+struct BwdArgs {
+  TensorView dout, q, k, v, out, lse;  // out/lse: the final forward results (after the sink)
+  TensorView dq, dk, dv;               // shapes of q, k, v; compute type if accumulate
+  std::optional<TensorView> sink;
+  std::optional<TensorView> dsink;  // same shape and dtype as sink
+};
+
+void attn_forward(const Mask& mask, const FwdArgs& args, const AttnOptions& opts = {});
+void attn_backward(const Mask& mask, const BwdArgs& args, const AttnOptions& opts = {});
+
+// FLOP counts of SPEC §4: fwd = 4 * area * Hq * D, bwd = 2.5 * fwd.
+double attn_fwd_flops(std::int64_t area, std::int64_t num_heads_q, std::int64_t head_dim);
+
+}  // namespace magi
