@@ -23,7 +23,6 @@ struct TensorView {
   std::array<std::int64_t, kMaxDims> shape{};
   std::array<std::int64_t, kMaxDims> stride{};
 
-  bool defined() const { return data != nullptr || numel() == 0 && ndim > 0; }
   std::int64_t numel() const;
   std::int64_t size(int d) const { return shape[d]; }
   bool is_contiguous() const;

@@ -1,0 +1,23 @@
+
+# Consider dependencies only in project.
+set(CMAKE_DEPENDS_IN_PROJECT_ONLY OFF)
+
+# The set of languages for which implicit dependencies are needed:
+set(CMAKE_DEPENDS_LANGUAGES
+  )
+
+# The set of dependency files which are needed:
+set(CMAKE_DEPENDS_DEPENDENCY_FILES
+  "/work/main/src/kernels/attention.cc" "src/CMakeFiles/magi_kernels.dir/kernels/attention.cc.o" "gcc" "src/CMakeFiles/magi_kernels.dir/kernels/attention.cc.o.d"
+  "/work/main/src/kernels/cpu/backward.cc" "src/CMakeFiles/magi_kernels.dir/kernels/cpu/backward.cc.o" "gcc" "src/CMakeFiles/magi_kernels.dir/kernels/cpu/backward.cc.o.d"
+  "/work/main/src/kernels/cpu/forward.cc" "src/CMakeFiles/magi_kernels.dir/kernels/cpu/forward.cc.o" "gcc" "src/CMakeFiles/magi_kernels.dir/kernels/cpu/forward.cc.o.d"
+  )
+
+# Targets to which this target links.
+set(CMAKE_TARGET_LINKED_INFO_FILES
+  "/work/main/build/lead/src/CMakeFiles/magi_mask.dir/DependInfo.cmake"
+  "/work/main/build/lead/src/CMakeFiles/magi_core.dir/DependInfo.cmake"
+  )
+
+# Fortran module output directory.
+set(CMAKE_Fortran_TARGET_MODULE_DIR "")

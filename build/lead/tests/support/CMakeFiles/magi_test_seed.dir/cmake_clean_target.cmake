@@ -1,0 +1,3 @@
+file(REMOVE_RECURSE
+  "libmagi_test_seed.a"
+)
