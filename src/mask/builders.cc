@@ -219,8 +219,8 @@ Mask varlen_block_causal(Span cu_seqlens, std::int64_t block, bool last_block_gl
   std::vector<Slice> slices;
   for (std::size_t d = 0; d + 1 < cu_seqlens.size(); ++d) {
     const std::int64_t doc_start = cu_seqlens[d], doc_end = cu_seqlens[d + 1];
-    for (std::int64_t b = doc_start; b < doc_end; b += std::min(block, doc_end - b)) {
-      const std::int64_t b_end = b + std::min(block, doc_end - b);
+    for (std::int64_t b = doc_start, b_end = 0; b < doc_end; b = b_end) {
+      b_end = b + std::min(block, doc_end - b);
       const bool global = last_block_global && b_end == doc_end;
       slices.push_back({{b, b_end}, global ? Range{0, total} : Range{doc_start, b_end},
                         MaskType::kFull});

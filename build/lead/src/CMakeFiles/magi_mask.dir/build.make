@@ -139,13 +139,28 @@ src/CMakeFiles/magi_mask.dir/mask/doc_lengths.cc.s: cmake_force
 	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green "Compiling CXX source to assembly CMakeFiles/magi_mask.dir/mask/doc_lengths.cc.s"
 	cd /work/main/build/lead/src && /usr/bin/c++ $(CXX_DEFINES) $(CXX_INCLUDES) $(CXX_FLAGS) -S /work/main/src/mask/doc_lengths.cc -o CMakeFiles/magi_mask.dir/mask/doc_lengths.cc.s
 
+src/CMakeFiles/magi_mask.dir/mask/families.cc.o: src/CMakeFiles/magi_mask.dir/flags.make
+src/CMakeFiles/magi_mask.dir/mask/families.cc.o: /work/main/src/mask/families.cc
+src/CMakeFiles/magi_mask.dir/mask/families.cc.o: src/CMakeFiles/magi_mask.dir/compiler_depend.ts
+	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green --progress-dir=/work/main/build/lead/CMakeFiles --progress-num=$(CMAKE_PROGRESS_6) "Building CXX object src/CMakeFiles/magi_mask.dir/mask/families.cc.o"
+	cd /work/main/build/lead/src && /usr/bin/c++ $(CXX_DEFINES) $(CXX_INCLUDES) $(CXX_FLAGS) -MD -MT src/CMakeFiles/magi_mask.dir/mask/families.cc.o -MF CMakeFiles/magi_mask.dir/mask/families.cc.o.d -o CMakeFiles/magi_mask.dir/mask/families.cc.o -c /work/main/src/mask/families.cc
+
+src/CMakeFiles/magi_mask.dir/mask/families.cc.i: cmake_force
+	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green "Preprocessing CXX source to CMakeFiles/magi_mask.dir/mask/families.cc.i"
+	cd /work/main/build/lead/src && /usr/bin/c++ $(CXX_DEFINES) $(CXX_INCLUDES) $(CXX_FLAGS) -E /work/main/src/mask/families.cc > CMakeFiles/magi_mask.dir/mask/families.cc.i
+
+src/CMakeFiles/magi_mask.dir/mask/families.cc.s: cmake_force
+	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green "Compiling CXX source to assembly CMakeFiles/magi_mask.dir/mask/families.cc.s"
+	cd /work/main/build/lead/src && /usr/bin/c++ $(CXX_DEFINES) $(CXX_INCLUDES) $(CXX_FLAGS) -S /work/main/src/mask/families.cc -o CMakeFiles/magi_mask.dir/mask/families.cc.s
+
 # Object files for target magi_mask
 magi_mask_OBJECTS = \
 "CMakeFiles/magi_mask.dir/mask/mask.cc.o" \
 "CMakeFiles/magi_mask.dir/mask/builders.cc.o" \
 "CMakeFiles/magi_mask.dir/mask/dense.cc.o" \
 "CMakeFiles/magi_mask.dir/mask/json.cc.o" \
-"CMakeFiles/magi_mask.dir/mask/doc_lengths.cc.o"
+"CMakeFiles/magi_mask.dir/mask/doc_lengths.cc.o" \
+"CMakeFiles/magi_mask.dir/mask/families.cc.o"
 
 # External object files for target magi_mask
 magi_mask_EXTERNAL_OBJECTS =
@@ -155,9 +170,10 @@ src/libmagi_mask.a: src/CMakeFiles/magi_mask.dir/mask/builders.cc.o
 src/libmagi_mask.a: src/CMakeFiles/magi_mask.dir/mask/dense.cc.o
 src/libmagi_mask.a: src/CMakeFiles/magi_mask.dir/mask/json.cc.o
 src/libmagi_mask.a: src/CMakeFiles/magi_mask.dir/mask/doc_lengths.cc.o
+src/libmagi_mask.a: src/CMakeFiles/magi_mask.dir/mask/families.cc.o
 src/libmagi_mask.a: src/CMakeFiles/magi_mask.dir/build.make
 src/libmagi_mask.a: src/CMakeFiles/magi_mask.dir/link.txt
-	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green --bold --progress-dir=/work/main/build/lead/CMakeFiles --progress-num=$(CMAKE_PROGRESS_6) "Linking CXX static library libmagi_mask.a"
+	@$(CMAKE_COMMAND) -E cmake_echo_color --switch=$(COLOR) --green --bold --progress-dir=/work/main/build/lead/CMakeFiles --progress-num=$(CMAKE_PROGRESS_7) "Linking CXX static library libmagi_mask.a"
 	cd /work/main/build/lead/src && $(CMAKE_COMMAND) -P CMakeFiles/magi_mask.dir/cmake_clean_target.cmake
 	cd /work/main/build/lead/src && $(CMAKE_COMMAND) -E cmake_link_script CMakeFiles/magi_mask.dir/link.txt --verbose=$(VERBOSE)
 

@@ -5,6 +5,8 @@ file(REMOVE_RECURSE
   "CMakeFiles/magi_mask.dir/mask/dense.cc.o.d"
   "CMakeFiles/magi_mask.dir/mask/doc_lengths.cc.o"
   "CMakeFiles/magi_mask.dir/mask/doc_lengths.cc.o.d"
+  "CMakeFiles/magi_mask.dir/mask/families.cc.o"
+  "CMakeFiles/magi_mask.dir/mask/families.cc.o.d"
   "CMakeFiles/magi_mask.dir/mask/json.cc.o"
   "CMakeFiles/magi_mask.dir/mask/json.cc.o.d"
   "CMakeFiles/magi_mask.dir/mask/mask.cc.o"
