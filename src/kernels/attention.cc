@@ -1,1 +1,217 @@
-// placeholder: being written (issue 2); replaced before landing
+// Public entry points of FFA: every check of SPEC §2 happens here, once, so a backend may
+// assume well-formed views (backend.h). Strides are accepted as long as the last dim is
+// unit-stride and outputs cannot alias themselves; anything else is rejected rather than
+// copied, so a caller never pays for a hidden transpose.
+#include "magi/attention.h"
+
+#include <omp.h>
+
+#include <array>
+#include <cmath>
+#include <string>
+#include <utility>
+
+#include "backend.h"
+#include "magi/error.h"
+
+namespace magi {
+namespace {
+
+std::string shape_str(const TensorView& t) {
+  std::string s = "[";
+  for (int d = 0; d < t.ndim; ++d) s += (d ? ", " : "") + std::to_string(t.shape[d]);
+  return s + "]";
+}
+
+bool same_shape(const TensorView& a, const TensorView& b) {
+  if (a.ndim != b.ndim) return false;
+  for (int d = 0; d < a.ndim; ++d)
+    if (a.shape[d] != b.shape[d]) return false;
+  return true;
+}
+
+// An output whose elements overlap would be written by several threads at once. Sorted by
+// stride, each dim must step past everything the smaller dims span.
+void check_no_alias(const TensorView& t, const char* name) {
+  std::array<int, TensorView::kMaxDims> order{};
+  int n = 0;
+  for (int d = 0; d < t.ndim; ++d) {
+    if (t.shape[d] <= 1) continue;
+    MAGI_CHECK(t.stride[d] != 0, name, ": zero stride in dim ", d, " of size ", t.shape[d],
+               " makes its rows alias (", t.describe(), ")");
+    order[n++] = d;
+  }
+  for (int i = 1; i < n; ++i)  // at most 4 dims: insertion sort by stride
+    for (int j = i; j > 0 && t.stride[order[j]] < t.stride[order[j - 1]]; --j)
+      std::swap(order[j], order[j - 1]);
+  std::int64_t span = 1;  // elements covered by the dims placed so far
+  for (int i = 0; i < n; ++i) {
+    const int d = order[i];
+    MAGI_CHECK(t.stride[d] >= span, name, ": stride ", t.stride[d], " of dim ", d,
+               " overlaps the smaller dims, so distinct elements alias (", t.describe(), ")");
+    span = t.stride[d] * (t.shape[d] - 1) + span;
+  }
+}
+
+void check_view(const TensorView& t, const char* name, int ndim) {
+  MAGI_CHECK(t.device == Device::kCPU, name, ": no CUDA backend is built yet (tensor is on cuda:",
+             t.device_idx, ")");
+  MAGI_CHECK(t.ndim == ndim, name, ": expected ", ndim, " dims, got ", t.ndim);
+  for (int d = 0; d < ndim; ++d)
+    MAGI_CHECK(t.shape[d] >= 0, name, ": negative size ", t.shape[d], " in dim ", d);
+  MAGI_CHECK(t.data != nullptr || t.numel() == 0, name, ": null data with ", t.numel(),
+             " elements (", t.describe(), ")");
+  for (int d = 0; d < ndim; ++d)
+    MAGI_CHECK(t.stride[d] >= 0, name, ": negative stride ", t.stride[d], " in dim ", d, " (",
+               t.describe(), ")");
+  MAGI_CHECK(t.shape[ndim - 1] <= 1 || t.stride[ndim - 1] == 1, name, ": last-dim stride ",
+             t.stride[ndim - 1], " is not 1: non-contiguous strides the backend cannot honour (",
+             t.describe(), ")");
+}
+
+void check_shape(const TensorView& t, const char* name, const TensorView& like,
+                 const char* like_name) {
+  MAGI_CHECK(same_shape(t, like), name, ": shape ", shape_str(t), " differs from ", like_name,
+             " shape ", shape_str(like));
+}
+
+void check_dtype(const TensorView& t, const char* name, DType want, const char* why) {
+  MAGI_CHECK(t.dtype == want, name, ": dtype ", dtype_name(t.dtype), " is not ", dtype_name(want),
+             " (", why, ")");
+}
+
+// Checks q, k, v, the sink and the options shared by both directions; resolves the options.
+kernels::Resolved resolve(const Mask& mask, const TensorView& q, const TensorView& k,
+                          const TensorView& v, const std::optional<TensorView>& sink,
+                          const AttnOptions& opts) {
+  check_view(q, "q", 3);
+  check_view(k, "k", 3);
+  check_view(v, "v", 3);
+  check_shape(v, "v", k, "k");
+  check_dtype(k, "k", q.dtype, "k must match q");
+  check_dtype(v, "v", q.dtype, "v must match q");
+  MAGI_CHECK(q.shape[0] == mask.total_seqlen_q(), "q: ", q.shape[0],
+             " tokens but the mask has total_seqlen_q ", mask.total_seqlen_q());
+  MAGI_CHECK(k.shape[0] == mask.total_seqlen_k(), "k: ", k.shape[0],
+             " tokens but the mask has total_seqlen_k ", mask.total_seqlen_k());
+  const std::int64_t hq = q.shape[1], hkv = k.shape[1], d = q.shape[2];
+  MAGI_CHECK(hq > 0, "q: no heads (shape ", shape_str(q), ")");
+  MAGI_CHECK(hkv > 0, "k: no heads (shape ", shape_str(k), ")");
+  MAGI_CHECK(hq % hkv == 0, "q: ", hq, " heads are not a multiple of the ", hkv,
+             " heads of k and v");
+  MAGI_CHECK(k.shape[2] == d, "k: head dim ", k.shape[2], " differs from q head dim ", d);
+  MAGI_CHECK(d > 0 && d % 8 == 0, "q: head dim ", d, " is not a positive multiple of 8");
+  MAGI_CHECK(d <= kMaxHeadDim, "q: head dim ", d, " exceeds kMaxHeadDim ", kMaxHeadDim);
+
+  MAGI_CHECK(std::isfinite(opts.softcap) && opts.softcap >= 0, "softcap: ", opts.softcap,
+             " must be finite and >= 0 (0 turns it off)");
+  if (opts.softmax_scale)
+    MAGI_CHECK(std::isfinite(*opts.softmax_scale) && *opts.softmax_scale != 0,
+               "softmax_scale: ", *opts.softmax_scale, " must be finite and nonzero");
+  MAGI_CHECK(opts.num_threads >= 0, "num_threads: ", opts.num_threads,
+             " must be >= 0 (0 uses all hardware threads)");
+  MAGI_CHECK(opts.sm_margin >= 0, "sm_margin: ", opts.sm_margin, " must be >= 0");
+
+  kernels::Resolved r;
+  r.compute = q.dtype == DType::kF64 ? DType::kF64 : DType::kF32;
+  r.dims = {q.shape[0], k.shape[0], hq, hkv, d, 0};
+  if (sink) {
+    const bool sh = opts.sink_layout == SinkLayout::kSH;
+    MAGI_CHECK(sink->ndim == (sh ? 2 : 3), "sink: ", sink->ndim, " dims, but layout ",
+               sh ? "\"sh\" is [S_sink, Hq]" : "\"ssh\" is [Nq, S_sink, Hq]");
+    check_view(*sink, "sink", sh ? 2 : 3);
+    const TensorView& s = *sink;
+    const std::int64_t len = s.shape[sh ? 0 : 1];
+    if (sh)
+      MAGI_CHECK(s.shape[1] == hq, "sink: shape ", shape_str(s), " is not [S_sink, Hq=", hq,
+                 "] for layout \"sh\"");
+    else
+      MAGI_CHECK(s.shape[0] == q.shape[0] && s.shape[2] == hq, "sink: shape ", shape_str(s),
+                 " is not [Nq=", q.shape[0], ", S_sink, Hq=", hq, "] for layout \"ssh\"");
+    MAGI_CHECK(len >= 1 && len <= kMaxSinkLen, "sink: length ", len, " is not in [1, ",
+               kMaxSinkLen, "] (kMaxSinkLen)");
+    MAGI_CHECK(s.dtype == DType::kF32 || (s.dtype == DType::kF64 && r.compute == DType::kF64),
+               "sink: dtype ", dtype_name(s.dtype), " is not fp32 (or fp64 with fp64 inputs)");
+    r.dims.sink_len = len;
+  }
+  r.scale = opts.softmax_scale.value_or(1.0 / std::sqrt(double(d)));
+  r.softcap = opts.softcap;
+  r.sink_layout = opts.sink_layout;
+  r.accumulate = opts.accumulate;
+  r.deterministic = opts.deterministic;
+  r.num_threads = opts.num_threads > 0 ? opts.num_threads : omp_get_max_threads();
+  return r;
+}
+
+void check_lse(const TensorView& lse, const TensorView& q, const kernels::Resolved& r,
+               bool output) {
+  check_view(lse, "lse", 2);
+  MAGI_CHECK(lse.shape[0] == r.dims.num_q && lse.shape[1] == r.dims.heads_q, "lse: shape ",
+             shape_str(lse), " is not [Nq, Hq] of q shape ", shape_str(q));
+  check_dtype(lse, "lse", r.compute, "lse is kept in the compute type");
+  if (output) check_no_alias(lse, "lse");
+}
+
+// Outputs that are merged into must hold the compute type, or the merge would round twice.
+void check_accumulable(const TensorView& t, const char* name, const kernels::Resolved& r) {
+  if (r.accumulate) check_dtype(t, name, r.compute, "accumulate needs the compute type");
+}
+
+}  // namespace
+
+SinkLayout sink_layout_from_name(std::string_view name) {
+  if (name == "sh") return SinkLayout::kSH;
+  if (name == "ssh") return SinkLayout::kSSH;
+  MAGI_CHECK(false, "sink layout '", name, "' is not \"sh\" or \"ssh\"");
+}
+
+double attn_fwd_flops(std::int64_t area, std::int64_t num_heads_q, std::int64_t head_dim) {
+  return 4.0 * double(area) * double(num_heads_q) * double(head_dim);
+}
+
+void attn_forward(const Mask& mask, const FwdArgs& a, const AttnOptions& opts) {
+  const kernels::Resolved r = resolve(mask, a.q, a.k, a.v, a.sink, opts);
+  check_view(a.out, "out", 3);
+  check_shape(a.out, "out", a.q, "q");
+  check_no_alias(a.out, "out");
+  check_accumulable(a.out, "out", r);
+  check_lse(a.lse, a.q, r, true);
+  if (a.max_logits) {
+    check_view(*a.max_logits, "max_logits", 1);
+    MAGI_CHECK(a.max_logits->shape[0] == r.dims.heads_q, "max_logits: shape ",
+               shape_str(*a.max_logits), " is not [Hq=", r.dims.heads_q, "]");
+    check_no_alias(*a.max_logits, "max_logits");
+    check_dtype(*a.max_logits, "max_logits", r.compute, "max_logits is kept in the compute type");
+  }
+  kernels::cpu::forward(mask, a, r);
+}
+
+void attn_backward(const Mask& mask, const BwdArgs& a, const AttnOptions& opts) {
+  const kernels::Resolved r = resolve(mask, a.q, a.k, a.v, a.sink, opts);
+  check_view(a.dout, "dout", 3);
+  check_shape(a.dout, "dout", a.q, "q");
+  check_dtype(a.dout, "dout", a.q.dtype, "dout must match q");
+  check_view(a.out, "out", 3);
+  check_shape(a.out, "out", a.q, "q");
+  check_lse(a.lse, a.q, r, false);
+  const std::pair<const TensorView*, const char*> grads[] = {
+      {&a.dq, "dq"}, {&a.dk, "dk"}, {&a.dv, "dv"}};
+  const TensorView* likes[] = {&a.q, &a.k, &a.v};
+  const char* like_names[] = {"q", "k", "v"};
+  for (int i = 0; i < 3; ++i) {
+    check_view(*grads[i].first, grads[i].second, 3);
+    check_shape(*grads[i].first, grads[i].second, *likes[i], like_names[i]);
+    check_no_alias(*grads[i].first, grads[i].second);
+    check_accumulable(*grads[i].first, grads[i].second, r);
+  }
+  if (a.dsink) {
+    MAGI_CHECK(a.sink.has_value(), "dsink: given without a sink");
+    check_view(*a.dsink, "dsink", a.sink->ndim);
+    check_shape(*a.dsink, "dsink", *a.sink, "sink");
+    check_no_alias(*a.dsink, "dsink");
+    check_dtype(*a.dsink, "dsink", a.sink->dtype, "dsink must match sink");
+  }
+  kernels::cpu::backward(mask, a, r);
+}
+
+}  // namespace magi

@@ -26,8 +26,8 @@ void check_cu_seqlens(Span cu, std::string_view name) {
   MAGI_CHECK(!cu.empty(), name, " is empty (needs at least [0])");
   MAGI_CHECK(cu[0] == 0, name, "[0] must be 0 (got ", cu[0], ")");
   for (std::size_t i = 1; i < cu.size(); ++i) {
-    MAGI_CHECK(cu[i] >= cu[i - 1], name, " decreases at index ", i, " (", cu[i - 1], " -> ",
-               cu[i], ")");
+    MAGI_CHECK(cu[i] >= cu[i - 1], name, " decreases at index ", i, " (", cu[i - 1], " -> ", cu[i],
+               ")");
   }
 }
 
@@ -54,8 +54,8 @@ std::vector<Slice> tidy(std::vector<Slice> in) {
     if (s.q_range.size() == 1) s.type = MaskType::kFull;
     if (!out.empty()) {
       Slice& last = out.back();
-      if (last.type == MaskType::kFull && s.type == MaskType::kFull &&
-          last.k_range == s.k_range && last.q_range.end == s.q_range.start) {
+      if (last.type == MaskType::kFull && s.type == MaskType::kFull && last.k_range == s.k_range &&
+          last.q_range.end == s.q_range.start) {
         last.q_range.end = s.q_range.end;
         continue;
       }
@@ -134,32 +134,30 @@ std::vector<Slice> window_slices(Range q_range, Range k_range, Window w) {
   std::vector<Slice> out;
   if (sq == 0 || sk == 0) return out;
   const WindowEdges e = window_edges(sq, sk, w);
-  const std::int64_t left_steps = e.left_open ? sq : clamp64(-e.a, 0, sq);
-  const std::int64_t right_clamped = e.right_open ? 0 : clamp64(sk - e.c, 0, sq);
+  const std::int64_t first_left_step = e.left_open ? sq : clamp64(-e.a, 0, sq);
+  const std::int64_t first_right_clamp = e.right_open ? 0 : clamp64(sk - e.c, 0, sq);
   const std::int64_t row_begin = e.right_open ? 0 : clamp64(-e.c, 0, sq);
   const std::int64_t row_end = e.left_open ? sq : clamp64(sk - e.a, 0, sq);
-  const std::int64_t q0 = q_range.start, k0 = k_range.start;
 
-  auto emit = [&](std::int64_t r0, std::int64_t r1, std::int64_t ks, std::int64_t ke,
-                  MaskType t) {
-    // ks/ke are functions of the trimmed rows, so clip rows first.
+  // A stepping edge makes the k bound a function of the first or last kept row, so rows are
+  // trimmed before the bounds are taken.
+  auto emit = [&](std::int64_t r0, std::int64_t r1, MaskType t) {
     r0 = std::max(r0, row_begin);
     r1 = std::min(r1, row_end);
     if (r0 >= r1) return;
-    const std::int64_t k_start = t == MaskType::kInvCausal || t == MaskType::kBiCausal ? r0 + e.a
-                                                                                       : ks;
-    const std::int64_t k_end = t == MaskType::kCausal || t == MaskType::kBiCausal ? r1 + e.c : ke;
-    push_nonempty(out, {q0 + r0, q0 + r1}, {k0 + k_start, k0 + k_end}, t);
+    const bool left_steps = t == MaskType::kInvCausal || t == MaskType::kBiCausal;
+    const bool right_steps = t == MaskType::kCausal || t == MaskType::kBiCausal;
+    const std::int64_t k_start = left_steps ? r0 + e.a : 0;
+    const std::int64_t k_end = right_steps ? r1 + e.c : sk;
+    out.push_back({{q_range.start + r0, q_range.start + r1},
+                   {k_range.start + k_start, k_range.start + k_end},
+                   t});
   };
-  const std::int64_t lo = std::min(left_steps, right_clamped);
-  const std::int64_t hi = std::max(left_steps, right_clamped);
-  emit(0, lo, 0, 0, MaskType::kCausal);
-  if (right_clamped < left_steps) {
-    emit(lo, hi, 0, sk, MaskType::kFull);
-  } else {
-    emit(lo, hi, 0, 0, MaskType::kBiCausal);
-  }
-  emit(hi, sq, 0, sk, MaskType::kInvCausal);
+  const std::int64_t lo = std::min(first_left_step, first_right_clamp);
+  const std::int64_t hi = std::max(first_left_step, first_right_clamp);
+  emit(0, lo, MaskType::kCausal);
+  emit(lo, hi, first_right_clamp < first_left_step ? MaskType::kFull : MaskType::kBiCausal);
+  emit(hi, sq, MaskType::kInvCausal);
   return tidy(std::move(out));
 }
 
@@ -191,8 +189,7 @@ Mask varlen_sliding_window(Span cu_seqlens_q, Span cu_seqlens_k, Window w,
                           {k.start, k.start + full_begin + e.a - 1},
                           MaskType::kCausal});
       }
-      push_nonempty(global, {q.start + full_begin, q.end}, {k.start, k.start + g},
-                    MaskType::kFull);
+      push_nonempty(global, {q.start + full_begin, q.end}, {k.start, k.start + g}, MaskType::kFull);
       global = tidy(std::move(global));
       doc.insert(doc.end(), global.begin(), global.end());
     }
@@ -222,8 +219,8 @@ Mask varlen_block_causal(Span cu_seqlens, std::int64_t block, bool last_block_gl
     for (std::int64_t b = doc_start, b_end = 0; b < doc_end; b = b_end) {
       b_end = b + std::min(block, doc_end - b);
       const bool global = last_block_global && b_end == doc_end;
-      slices.push_back({{b, b_end}, global ? Range{0, total} : Range{doc_start, b_end},
-                        MaskType::kFull});
+      slices.push_back(
+          {{b, b_end}, global ? Range{0, total} : Range{doc_start, b_end}, MaskType::kFull});
     }
   }
   return Mask(total, total, std::move(slices));
@@ -270,8 +267,8 @@ Mask block_sparse(std::span<const std::uint8_t> block_mask, std::int64_t seqlen_
   const std::int64_t nqb = (seqlen_q + block_q - 1) / block_q;
   const std::int64_t nkb = (seqlen_k + block_k - 1) / block_k;
   const auto size = static_cast<std::int64_t>(block_mask.size());
-  MAGI_CHECK((nkb == 0 ? size == 0 : size % nkb == 0 && size / nkb == nqb),
-             "block_mask has ", size, " entries but needs ", nqb, " x ", nkb,
+  MAGI_CHECK((nkb == 0 ? size == 0 : size % nkb == 0 && size / nkb == nqb), "block_mask has ", size,
+             " entries but needs ", nqb, " x ", nkb,
              " (ceil(seqlen_q / block_q) x ceil(seqlen_k / block_k))");
   std::vector<Slice> slices;
   std::vector<Range> prev_runs, runs;
@@ -310,18 +307,17 @@ Mask block_sparse_topk(Span indices, std::int64_t topk, std::int64_t seqlen_q,
   const std::int64_t nqb = (seqlen_q + block_q - 1) / block_q;
   const std::int64_t nkb = (seqlen_k + block_k - 1) / block_k;
   const auto size = static_cast<std::int64_t>(indices.size());
-  MAGI_CHECK((topk == 0 ? size == 0 : size % topk == 0 && size / topk == nqb), "indices has ",
-             size, " entries but needs ", nqb, " x ", topk, " (ceil(seqlen_q / block_q) x topk)");
+  MAGI_CHECK((topk == 0 ? size == 0 : size % topk == 0 && size / topk == nqb), "indices has ", size,
+             " entries but needs ", nqb, " x ", topk, " (ceil(seqlen_q / block_q) x topk)");
   std::vector<std::uint8_t> block_mask(static_cast<std::size_t>(nqb * nkb), 0);
   for (std::int64_t qb = 0; qb < nqb; ++qb) {
     for (std::int64_t t = 0; t < topk; ++t) {
       const std::int64_t id = indices[qb * topk + t];
       if (id == -1) continue;
-      MAGI_CHECK(id >= 0 && id < nkb, "indices[", qb, ", ", t, "] = ", id,
-                 " is out of range [0, ", nkb, ") (use -1 for padding)");
+      MAGI_CHECK(id >= 0 && id < nkb, "indices[", qb, ", ", t, "] = ", id, " is out of range [0, ",
+                 nkb, ") (use -1 for padding)");
       std::uint8_t& cell = block_mask[qb * nkb + id];
-      MAGI_CHECK(!cell, "indices[", qb, ", ", t, "] = ", id, " repeats a k-block of q-block ",
-                 qb);
+      MAGI_CHECK(!cell, "indices[", qb, ", ", t, "] = ", id, " repeats a k-block of q-block ", qb);
       cell = 1;
     }
   }

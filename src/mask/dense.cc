@@ -29,7 +29,7 @@ bool extends(const OpenSlice& o, Range run) {
 
 // With every row non-empty, the k_range [first.start, last.end) and the step pick the type:
 // e.g. CAUSAL row i sees up to first.end - 1 + i, which is i + (sk - sq) in local terms.
-Slice close(const OpenSlice& o) {
+Slice to_slice(const OpenSlice& o) {
   MaskType t = MaskType::kFull;
   if (o.num_rows > 1) {
     if (o.ds == 0 && o.de == 1) t = MaskType::kCausal;
@@ -41,8 +41,7 @@ Slice close(const OpenSlice& o) {
 
 }  // namespace
 
-Mask from_dense(std::span<const std::uint8_t> dense, std::int64_t seqlen_q,
-                std::int64_t seqlen_k) {
+Mask from_dense(std::span<const std::uint8_t> dense, std::int64_t seqlen_q, std::int64_t seqlen_k) {
   MAGI_CHECK(seqlen_q >= 0, "seqlen_q is negative (", seqlen_q, ")");
   MAGI_CHECK(seqlen_k >= 0, "seqlen_k is negative (", seqlen_k, ")");
   const auto size = static_cast<std::int64_t>(dense.size());
@@ -69,7 +68,8 @@ Mask from_dense(std::span<const std::uint8_t> dense, std::int64_t seqlen_q,
     next.clear();
     std::size_t p = 0;
     for (Range run : runs) {
-      while (p < open.size() && open[p].last.start < run.start - 1) slices.push_back(close(open[p++]));
+      while (p < open.size() && open[p].last.start < run.start - 1)
+        slices.push_back(to_slice(open[p++]));
       if (p < open.size() && extends(open[p], run)) {
         OpenSlice o = open[p++];
         if (o.num_rows == 1) {
@@ -81,13 +81,14 @@ Mask from_dense(std::span<const std::uint8_t> dense, std::int64_t seqlen_q,
         next.push_back(o);
         continue;
       }
-      while (p < open.size() && open[p].last.start <= run.start) slices.push_back(close(open[p++]));
+      while (p < open.size() && open[p].last.start <= run.start)
+        slices.push_back(to_slice(open[p++]));
       next.push_back({q, 1, run, run, 0, 0});
     }
-    while (p < open.size()) slices.push_back(close(open[p++]));
+    while (p < open.size()) slices.push_back(to_slice(open[p++]));
     std::swap(open, next);
   }
-  for (const OpenSlice& o : open) slices.push_back(close(o));
+  for (const OpenSlice& o : open) slices.push_back(to_slice(o));
   std::sort(slices.begin(), slices.end(), [](const Slice& a, const Slice& b) {
     return a.q_range.start != b.q_range.start ? a.q_range.start < b.q_range.start
                                               : a.k_range.start < b.k_range.start;

@@ -20,12 +20,11 @@ namespace {
 // The document-length histogram of a real pre-training dataset, published by MagiAttention
 // (SandAI) with its benchmarks: exps/dist_attn/benchmark/datasets/default/
 // doc_length_distribution.csv. Bins are inclusive token counts; the weight is the published
-// percentage of documents (2 decimals; the 14 figures sum to 100.00).
+// percentage of documents, rounded to 2 decimals (so the 14 figures sum to 100.02).
 constexpr LengthBin kBuiltinBins[] = {
-    {0, 10, 0.22},         {11, 50, 2.91},         {51, 100, 5.20},
-    {101, 200, 10.23},     {201, 500, 28.19},      {501, 1024, 24.64},
-    {1025, 2048, 15.65},   {2049, 4096, 7.34},     {4097, 8192, 3.05},
-    {8193, 16384, 1.29},   {16385, 32768, 0.85},   {32769, 65536, 0.14},
+    {0, 10, 0.22},         {11, 50, 2.91},         {51, 100, 5.20},      {101, 200, 10.23},
+    {201, 500, 28.19},     {501, 1024, 24.64},     {1025, 2048, 15.65},  {2049, 4096, 7.34},
+    {4097, 8192, 3.05},    {8193, 16384, 1.29},    {16385, 32768, 0.85}, {32769, 65536, 0.14},
     {65537, 131072, 0.17}, {131073, 196608, 0.14},
 };
 
@@ -67,9 +66,9 @@ bool parse_number(std::string_view s, T& value) {
 LengthBin parse_range(std::string_view text, const std::string& where) {
   const std::string_view s = trim(text);
   const auto comma = s.find(',');
-  MAGI_CHECK(s.size() >= 2 && s.front() == '[' && s.back() == ']' &&
-                 comma != std::string_view::npos,
-             where, ": range '", text, "' is not of the form \"[lo, hi]\"");
+  MAGI_CHECK(
+      s.size() >= 2 && s.front() == '[' && s.back() == ']' && comma != std::string_view::npos,
+      where, ": range '", text, "' is not of the form \"[lo, hi]\"");
   LengthBin bin;
   MAGI_CHECK(parse_number(s.substr(1, comma - 1), bin.lo) &&
                  parse_number(s.substr(comma + 1, s.size() - comma - 2), bin.hi),
@@ -128,8 +127,8 @@ DocLengthHistogram DocLengthHistogram::from_csv(const std::string& path) {
     if (trim(line).empty()) continue;
     const std::string where = "doc lengths file '" + path + "' line " + std::to_string(line_idx);
     const auto fields = split_csv(line);
-    MAGI_CHECK(fields.size() > std::max(range_col, weight_col), where, ": expected ",
-               header.size(), " columns, got ", fields.size());
+    MAGI_CHECK(fields.size() > std::max(range_col, weight_col), where, ": expected ", header.size(),
+               " columns, got ", fields.size());
     LengthBin bin = parse_range(fields[range_col], where);
     MAGI_CHECK(parse_number(fields[weight_col], bin.weight) && std::isfinite(bin.weight) &&
                    bin.weight >= 0,

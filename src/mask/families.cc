@@ -35,8 +35,8 @@ std::int64_t prefix_of(const FamilySpec& s) {
 std::vector<std::int64_t> doc_lengths(const FamilySpec& s, std::int64_t total) {
   const std::int64_t cap =
       s.max_doc_len > 0 ? s.max_doc_len : std::max<std::int64_t>(1, s.seqlen / 4);
-  return sample_doc_lengths(s.doc_lengths ? *s.doc_lengths : DocLengthHistogram::builtin(),
-                            total, cap, s.seed);
+  return sample_doc_lengths(s.doc_lengths ? *s.doc_lengths : DocLengthHistogram::builtin(), total,
+                            cap, s.seed);
 }
 
 std::vector<std::int64_t> doc_cu_seqlens(const FamilySpec& s) {

@@ -76,7 +76,7 @@ class Buffer {
   }
   void fill(double x) { store(std::vector<double>(std::size_t(numel()), x)); }
   std::vector<double> load() const {
-    std::vector<double> xs(std::size_t(numel()));
+    std::vector<double> xs(static_cast<std::size_t>(numel()));
     for (std::int64_t i = 0; i < numel(); ++i) xs[std::size_t(i)] = get(offset(i));
     return xs;
   }
@@ -180,7 +180,7 @@ inline oracle::Problem random_problem(std::mt19937_64& rng, std::int64_t nq, std
                                       const Config& cfg, std::int64_t sink_len = 0) {
   std::normal_distribution<double> normal;
   auto draw = [&](std::int64_t n, DType t) {
-    std::vector<double> xs(std::size_t(n));
+    std::vector<double> xs(static_cast<std::size_t>(n));
     for (double& x : xs) x = round_to(t, normal(rng));
     return xs;
   };
@@ -289,6 +289,36 @@ struct BwdCall {
 inline double rel_err(const std::vector<double>& a, const std::vector<double>& b) {
   if (a.size() != b.size()) return std::numeric_limits<double>::infinity();
   return oracle::rel_error(a.data(), b.data(), a.size());
+}
+
+// lse is a log: its error is absolute for |lse| < 1 (a row of one key can have lse near 0).
+inline double lse_err(const std::vector<double>& a, const std::vector<double>& b) {
+  if (std::isinf(rel_err(a, b))) return std::numeric_limits<double>::infinity();
+  double diff = 0, ref = 1;
+  for (std::size_t i = 0; i < b.size(); ++i) {
+    if (!std::isfinite(b[i])) continue;
+    diff = std::max(diff, std::abs(a[i] - b[i]));
+    ref = std::max(ref, std::abs(b[i]));
+  }
+  return diff / ref;
+}
+
+// Unit roundoff: half an ulp at 1, i.e. 2^-(significand bits).
+inline double unit_roundoff(DType t) {
+  switch (t) {
+    case DType::kF64: return 0x1p-53;
+    case DType::kF32: return 0x1p-24;
+    case DType::kBF16: return 0x1p-8;
+    case DType::kF16: return 0x1p-11;
+  }
+  return 0;
+}
+
+// SPEC §5: 1e-12 (fp64 compute) or 1e-5 (fp32 compute) relative to the oracle on the same
+// rounded inputs, plus one rounding of the stored result when it is narrower than compute.
+inline double tolerance(DType compute, DType stored) {
+  const double base = compute == DType::kF64 ? 1e-12 : 1e-5;
+  return base + (dtype_size(stored) < dtype_size(compute) ? unit_roundoff(stored) : 0.0);
 }
 
 // A range of length 0, 1 or random, starting anywhere inside [0, n].

@@ -64,6 +64,11 @@ struct Ctx {
   double logit(double s) const { return p.softcap > 0 ? p.softcap * std::tanh(s / p.softcap) : s; }
 };
 
+// Thread start-up costs more than a tiny problem (the finite-difference tests run thousands).
+bool worth_threads(const Problem& p) {
+  return double(p.num_q) * double(p.num_k) * double(p.heads_q * p.head_dim) > 1e6;
+}
+
 Ctx make_ctx(const Problem& p) {
   return Ctx{p, p.scale != 0 ? p.scale : 1.0 / std::sqrt(double(p.head_dim)),
              p.heads_kv > 0 ? p.heads_q / p.heads_kv : 1};
@@ -123,14 +128,20 @@ FwdResult forward(const Mask& mask, const Problem& p) {
   FwdResult r;
   r.out.assign(p.num_q * hq * d, 0.0);
   r.lse.assign(p.num_q * hq, kNegInf);
-  r.max_logits.assign(hq, kNegInf);
+  std::vector<double> row_max(p.num_q * hq, kNegInf);
+#pragma omp parallel for schedule(dynamic) if (worth_threads(p))
   for (std::int64_t i = 0; i < p.num_q; ++i) {
     const auto keys = keys_of_row(mask, i);
     for (std::int64_t h = 0; h < hq; ++h) {
       r.lse[i * hq + h] = row_forward(c, i, h, keys, &r.out[(i * hq + h) * d]);
-      for (std::int64_t j : keys) r.max_logits[h] = std::max(r.max_logits[h], c.score(i, j, h));
+      double& m = row_max[i * hq + h];
+      for (std::int64_t j : keys) m = std::max(m, c.score(i, j, h));
     }
   }
+  r.max_logits.assign(hq, kNegInf);
+  for (std::int64_t i = 0; i < p.num_q; ++i)
+    for (std::int64_t h = 0; h < hq; ++h)
+      r.max_logits[h] = std::max(r.max_logits[h], row_max[i * hq + h]);
   return r;
 }
 
@@ -142,26 +153,30 @@ BwdResult backward(const Mask& mask, const Problem& p) {
   r.dk.assign(p.k.size(), 0.0);
   r.dv.assign(p.v.size(), 0.0);
   r.dsink.assign(p.sink.size(), 0.0);
-  std::vector<double> out(d);
-  for (std::int64_t i = 0; i < p.num_q; ++i) {
-    const auto keys = keys_of_row(mask, i);
-    for (std::int64_t h = 0; h < hq; ++h) {
-      const double lse = row_forward(c, i, h, keys, out.data());
-      const double delta = delta_of(c, i, h, out.data());
-      double* dq = &r.dq[(i * hq + h) * d];
-      for (std::int64_t j : keys) {
-        const CellGrad g = cell_grad(c, i, j, h, lse, delta);
-        const std::int64_t kv = (j * p.heads_kv + h / c.group) * d;
-        for (std::int64_t e = 0; e < d; ++e) {
-          dq[e] += c.scale * g.ds_raw * c.k(j, h)[e];
-          r.dk[kv + e] += c.scale * g.ds_raw * c.q(i, h)[e];
-          r.dv[kv + e] += g.p * c.dout(i, h)[e];
+  // Each kv head owns its dk/dv rows and the dq/dsink of its query heads: no shared writes.
+#pragma omp parallel for schedule(dynamic) if (worth_threads(p))
+  for (std::int64_t g = 0; g < p.heads_kv; ++g) {
+    std::vector<double> out(d);
+    for (std::int64_t i = 0; i < p.num_q; ++i) {
+      const auto keys = keys_of_row(mask, i);
+      for (std::int64_t h = g * c.group; h < (g + 1) * c.group; ++h) {
+        const double lse = row_forward(c, i, h, keys, out.data());
+        const double delta = delta_of(c, i, h, out.data());
+        double* dq = &r.dq[(i * hq + h) * d];
+        for (std::int64_t j : keys) {
+          const CellGrad cg = cell_grad(c, i, j, h, lse, delta);
+          const std::int64_t kv = (j * p.heads_kv + g) * d;
+          for (std::int64_t e = 0; e < d; ++e) {
+            dq[e] += c.scale * cg.ds_raw * c.k(j, h)[e];
+            r.dk[kv + e] += c.scale * cg.ds_raw * c.q(i, h)[e];
+            r.dv[kv + e] += cg.p * c.dout(i, h)[e];
+          }
         }
-      }
-      // A sink logit has no value row, so dP = 0 and dS = P * (0 - Delta).
-      for (std::int64_t t = 0; t < p.sink_len; ++t) {
-        const std::int64_t si = c.sink_idx(i, t, h);
-        if (lse != kNegInf) r.dsink[si] -= std::exp(p.sink[si] - lse) * delta;
+        // A sink logit has no value row, so dP = 0 and dS = P * (0 - Delta).
+        for (std::int64_t t = 0; t < p.sink_len; ++t) {
+          const std::int64_t si = c.sink_idx(i, t, h);
+          if (lse != kNegInf) r.dsink[si] -= std::exp(p.sink[si] - lse) * delta;
+        }
       }
     }
   }

@@ -1,1 +1,250 @@
-// placeholder: being written (issue 2); replaced before landing
+// CPU FFA forward: tiled online softmax (SPEC §2), one task per (64-row query tile, head).
+// A task keeps each row's running max m, sum l and unnormalised output O in scratch and
+// folds in every slice touching its rows, 64-key tile by tile, so rows shared by several
+// slices merge without atomics. Only tiles the mask calls partial pay for element masking.
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "../backend.h"
+#include "gemm.h"
+#include "io.h"
+#include "simd.h"
+#include "work.h"
+
+namespace magi::kernels::cpu {
+namespace {
+
+template <typename T>
+struct FwdScratch {
+  // Q and O are [kBlockQ x ld_d]; K^T is [head_dim x kBlockK]; V is [kBlockK x ld_d];
+  // S (scores, then probabilities) is [kBlockQ x kBlockK]. ld_d = head_dim rounded up to the
+  // vector width, the padding kept zero so that whole vectors can be read.
+  std::int64_t ld_d;
+  Scratch<T> q, o, kt, v, s, m, l, row;
+  explicit FwdScratch(std::int64_t head_dim)
+      : ld_d(round_up(head_dim, Simd<T>::kWidth)),
+        q(std::size_t(kBlockQ * ld_d)),
+        o(std::size_t(kBlockQ * ld_d)),
+        kt(std::size_t(head_dim * kBlockK)),
+        v(std::size_t(kBlockK * ld_d)),
+        s(std::size_t(kBlockQ * kBlockK)),
+        m(kBlockQ),
+        l(kBlockQ),
+        row(std::size_t(ld_d)) {}
+};
+
+template <typename T>
+class Forward {
+ public:
+  Forward(const Mask& mask, const FwdArgs& args, const Resolved& r)
+      : mask_(mask), a_(args), r_(r), d_(r.dims.head_dim), group_(r.dims.heads_q / r.dims.heads_kv) {}
+
+  void run() {
+    const std::vector<TileWork> tiles = query_tiles(mask_, kBlockQ);
+    const std::vector<Task> tasks = heavy_first(tiles, r_.dims.heads_q);
+    // Per-task maxima of scale * q.k, reduced per head after the loop in task order.
+    std::vector<T> task_max(tasks.size(), kNegInf<T>);
+#pragma omp parallel num_threads(r_.num_threads)
+    {
+      FwdScratch<T> scratch(d_);
+#pragma omp for schedule(dynamic, 1)
+      for (std::size_t t = 0; t < tasks.size(); ++t)
+        task_max[t] = run_task(tiles[std::size_t(tasks[t].tile_idx)], tasks[t].head_idx, scratch);
+    }
+    if (a_.max_logits) store_max_logits(tasks, task_max);
+  }
+
+ private:
+  using S = Simd<T>;
+  using V = typename S::V;
+  static constexpr int kW = S::kWidth;
+
+  T run_task(const TileWork& tile, std::int64_t h, FwdScratch<T>& b) const {
+    const std::int64_t q0 = tile.rows.start, num_rows = tile.rows.size(), ld = b.ld_d;
+    T* m = b.m.get();
+    T* l = b.l.get();
+    T raw_max = kNegInf<T>;
+    for (std::int64_t i = 0; i < num_rows; ++i) {
+      m[i] = kNegInf<T>;
+      l[i] = 0;
+      std::fill_n(b.o.get() + i * ld, ld, T(0));
+    }
+    if (!tile.slices.empty())
+      for (std::int64_t i = 0; i < num_rows; ++i)
+        load_row<T>(a_.q, {q0 + i, h}, d_, T(r_.scale), b.q.get() + i * ld);
+    for (std::int32_t s_idx : tile.slices) {
+      const Slice& s = mask_[std::size_t(s_idx)];
+      const Range rows = tile.rows.intersect(s.q_range);
+      const Range keys = keys_seen_by(s, rows);
+      for (std::int64_t k0 = keys.start; k0 < keys.end; k0 += kBlockK) {
+        const Range cols{k0, std::min(keys.end, k0 + kBlockK)};
+        const Range tile_rows = rows.intersect(rows_seeing(s, cols));
+        if (tile_rows.empty()) continue;
+        const TileClass cls = classify(s, tile_rows, cols);
+        if (cls == TileClass::kEmpty) continue;
+        pack_kv(cols, h / group_, b);
+        raw_max = std::max(raw_max, key_tile(s, tile_rows, cols, cls, tile_rows.start - q0, b));
+      }
+    }
+    finish_rows(tile.rows, h, b);
+    if (r_.softcap > 0) return raw_max;
+    for (std::int64_t i = 0; i < num_rows; ++i) raw_max = std::max(raw_max, m[i]);
+    return raw_max;
+  }
+
+  // K^T [d x nk_pad] (columns past nk zero) and V [nk x ld_d] of kv head g.
+  void pack_kv(Range cols, std::int64_t g, FwdScratch<T>& b) const {
+    const std::int64_t nk = cols.size(), nk_pad = round_up(nk, kW);
+    T* kt = b.kt.get();
+    T* row = b.row.get();
+    for (std::int64_t j = 0; j < nk; ++j) {
+      load_row<T>(a_.k, {cols.start + j, g}, d_, T(1), row);
+      for (std::int64_t c = 0; c < d_; ++c) kt[c * nk_pad + j] = row[c];
+      load_row<T>(a_.v, {cols.start + j, g}, d_, T(1), b.v.get() + j * b.ld_d);
+    }
+    for (std::int64_t c = 0; c < d_; ++c)
+      for (std::int64_t j = nk; j < nk_pad; ++j) kt[c * nk_pad + j] = 0;
+  }
+
+  // One key tile of one slice for rows `rows` (first at scratch row r0): scores, masking,
+  // online softmax update, O += P V. Returns the max raw logit seen (softcap only).
+  T key_tile(const Slice& s, Range rows, Range cols, TileClass cls, std::int64_t r0,
+             FwdScratch<T>& b) const {
+    const std::int64_t nr = rows.size(), nk = cols.size(), nk_pad = round_up(nk, kW);
+    const std::int64_t ld = b.ld_d;
+    T* sc = b.s.get();
+    gemm<T, false>(nr, nk_pad, d_, b.q.get() + r0 * ld, ld, 1, b.kt.get(), nk_pad, sc, nk_pad);
+    for (std::int64_t i = 0; i < nr; ++i) {
+      T* row = sc + i * nk_pad;
+      if (cls == TileClass::kPartial) {
+        const Range vis = visible_keys(s, rows.start + i).intersect(cols);
+        const std::int64_t lo = vis.empty() ? 0 : vis.start - cols.start;
+        const std::int64_t hi = vis.empty() ? 0 : vis.end - cols.start;
+        std::fill(row, row + lo, kNegInf<T>);
+        std::fill(row + hi, row + nk, kNegInf<T>);
+      }
+      std::fill(row + nk, row + nk_pad, kNegInf<T>);
+    }
+    T raw_max = kNegInf<T>;
+    if (r_.softcap > 0) raw_max = apply_softcap(sc, nr, nk, nk_pad);
+    T* m = b.m.get() + r0;
+    T* l = b.l.get() + r0;
+    for (std::int64_t i = 0; i < nr; ++i) {
+      T* row = sc + i * nk_pad;
+      V vmax = S::load(row);
+      for (std::int64_t j = kW; j < nk_pad; j += kW) vmax = S::max(vmax, S::load(row + j));
+      const T m_new = std::max(m[i], S::reduce_max(vmax));
+      // A row with nothing visible so far: P is all zero (exp(-inf) = 0); subtracting 0
+      // instead of -inf avoids -inf - -inf = NaN.
+      const V shift = S::splat(m_new == kNegInf<T> ? T(0) : m_new);
+      V vsum{};
+      for (std::int64_t j = 0; j < nk_pad; j += kW) {
+        const V p = S::exp(S::load(row + j) - shift);
+        S::store(row + j, p);
+        vsum += p;
+      }
+      const T alpha = m[i] == m_new ? T(1) : std::exp(m[i] - m_new);
+      l[i] = l[i] * alpha + S::reduce_sum(vsum);
+      m[i] = m_new;
+      if (alpha != T(1)) {
+        T* o = b.o.get() + (r0 + i) * ld;
+        for (std::int64_t c = 0; c < ld; c += kW) S::store(o + c, S::load(o + c) * alpha);
+      }
+    }
+    gemm<T, true>(nr, ld, nk, sc, nk_pad, 1, b.v.get(), ld, b.o.get() + r0 * ld, ld);
+    return raw_max;
+  }
+
+  // x = c * tanh(x / c) on visible cells; returns the max pre-softcap logit.
+  T apply_softcap(T* sc, std::int64_t nr, std::int64_t nk, std::int64_t nk_pad) const {
+    const T cap = T(r_.softcap), inv_cap = T(1) / cap;
+    T raw_max = kNegInf<T>;
+    for (std::int64_t i = 0; i < nr; ++i)
+      for (std::int64_t j = 0; j < nk; ++j) {
+        T& x = sc[i * nk_pad + j];
+        if (x == kNegInf<T>) continue;
+        raw_max = std::max(raw_max, x);
+        x = cap * std::tanh(x * inv_cap);
+      }
+    return raw_max;
+  }
+
+  // Normalise and merge with the sink and, when accumulating, with the existing out/lse:
+  // lse = logaddexp(lse_a, lse_b, lse_sink), out = exp(lse_a - lse) out_a + exp(lse_b - lse)
+  // out_b with out_b = O / l, lse_b = m + log l, i.e. exp(lse_b - lse) / l = exp(m - lse).
+  void finish_rows(Range rows, std::int64_t h, FwdScratch<T>& b) const {
+    const bool acc = r_.accumulate;
+    for (std::int64_t i = 0; i < rows.size(); ++i) {
+      const std::int64_t q = rows.start + i;
+      const T m = b.m.get()[i], l = b.l.get()[i];
+      const T lse_b = l > 0 ? m + std::log(l) : kNegInf<T>;
+      const T lse_a = acc ? load_scalar<T>(a_.lse, {q, h}) : kNegInf<T>;
+      const T lse_s = a_.sink ? lse_sink(q, h) : kNegInf<T>;
+      if (acc && lse_b == kNegInf<T> && lse_s == kNegInf<T>) continue;  // untouched
+      const T top = std::max({lse_a, lse_b, lse_s});
+      T lse = kNegInf<T>;
+      if (top != kNegInf<T>)
+        lse = top + std::log(std::exp(lse_a - top) + std::exp(lse_b - top) +
+                             std::exp(lse_s - top));
+      T* o = b.o.get() + i * b.ld_d;
+      if (lse == kNegInf<T>) {
+        std::fill_n(o, d_, T(0));
+      } else {
+        const T cb = l > 0 ? std::exp(m - lse) : T(0);
+        for (std::int64_t c = 0; c < d_; ++c) o[c] *= cb;
+        if (acc && lse_a != kNegInf<T>) {
+          T* row = b.row.get();
+          load_row<T>(a_.out, {q, h}, d_, std::exp(lse_a - lse), row);
+          for (std::int64_t c = 0; c < d_; ++c) o[c] += row[c];
+        }
+      }
+      store_row<T>(a_.out, {q, h}, d_, T(1), o, false);
+      store_scalar<T>(a_.lse, {q, h}, lse);
+    }
+  }
+
+  // logsumexp over the sink logits of (row q, head h).
+  T lse_sink(std::int64_t q, std::int64_t h) const {
+    const std::int64_t n = std::min<std::int64_t>(r_.dims.sink_len, kMaxSinkLen);
+    if (n == 0) return kNegInf<T>;
+    T x[kMaxSinkLen];
+    for (std::int64_t j = 0; j < n; ++j)
+      x[j] = r_.sink_layout == SinkLayout::kSH ? load_scalar<T>(*a_.sink, {j, h})
+                                               : load_scalar<T>(*a_.sink, {q, j, h});
+    const T top = *std::max_element(x, x + n);
+    if (top == kNegInf<T>) return top;
+    T sum = 0;
+    for (std::int64_t j = 0; j < n; ++j) sum += std::exp(x[j] - top);
+    return top + std::log(sum);
+  }
+
+  void store_max_logits(const std::vector<Task>& tasks, const std::vector<T>& task_max) const {
+    std::vector<T> head_max(std::size_t(r_.dims.heads_q), kNegInf<T>);
+    for (std::size_t t = 0; t < tasks.size(); ++t) {
+      T& hm = head_max[std::size_t(tasks[t].head_idx)];
+      hm = std::max(hm, task_max[t]);
+    }
+    for (std::int64_t h = 0; h < r_.dims.heads_q; ++h) {
+      T x = head_max[std::size_t(h)];
+      if (r_.accumulate) x = std::max(x, load_scalar<T>(*a_.max_logits, {h}));
+      store_scalar<T>(*a_.max_logits, {h}, x);
+    }
+  }
+
+  const Mask& mask_;
+  const FwdArgs& a_;
+  const Resolved& r_;
+  const std::int64_t d_, group_;
+};
+
+}  // namespace
+
+void forward(const Mask& mask, const FwdArgs& args, const Resolved& r) {
+  if (r.compute == DType::kF64)
+    Forward<double>(mask, args, r).run();
+  else
+    Forward<float>(mask, args, r).run();
+}
+
+}  // namespace magi::kernels::cpu

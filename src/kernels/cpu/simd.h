@@ -4,6 +4,7 @@
 // libm's is scalar, and exp runs once per score cell against 4*D = 512 FLOPs at D = 128.
 #pragma once
 
+#include <bit>
 #include <cstdint>
 #include <limits>
 #include <type_traits>
@@ -26,7 +27,7 @@ struct Simd {
   // Aligned load/store: every scratch row is padded to kWidth and 64-byte aligned.
   static V load(const T* p) { return *reinterpret_cast<const V*>(p); }
   static void store(T* p, V v) { *reinterpret_cast<V*>(p) = v; }
-  static V splat(T x) { return V{} + x; }
+  static V splat(T x) { return x - V{}; }  // x - 0 == x for every x, so it folds
   static V max(V a, V b) { return a > b ? a : b; }
 
   static T reduce_max(V v) {
@@ -40,8 +41,9 @@ struct Simd {
     return s;
   }
 
-  // exp(x) for x <= 0 (scores minus their row max or lse); exactly 0 below the smallest
-  // normal (x < -87.3 for fp32, -708 for fp64), which is how masked cells (-inf) vanish.
+  // exp(x), meant for x <= 0 (scores minus their row max or lse): exactly 0 below the
+  // smallest normal (x < -87.3 for fp32, -708 for fp64), which is how masked cells (-inf)
+  // vanish, and +inf above the largest finite result.
   // x = n ln2 + r with |r| <= ln2/2, exp(r) by Taylor series: degree 7 leaves
   // 0.347^8/8! = 5e-9 < fp32 ulp (6e-8), degree 13 leaves 4e-18 < fp64 ulp (1.1e-16).
   static V exp(V x) {
@@ -52,17 +54,20 @@ struct Simd {
     constexpr T kLn2Lo = kF32 ? T(-2.12194440e-4) : T(1.4286068203094173e-06);
     constexpr T kRound = kF32 ? T(12582912.0) : T(6755399441055744.0);  // 1.5 * 2^mantissa
     constexpr T kMin = kF32 ? T(-87.3) : T(-708.3);
+    constexpr T kMax = kF32 ? T(88.7) : T(709.7);
     constexpr int kMantissa = kF32 ? 23 : 52;
     constexpr Int kBias = kF32 ? 127 : 1023;
 
     const auto underflow = x < kMin;
-    V xc = underflow ? splat(0) : x;
+    const auto overflow = x > kMax;
+    V xc = underflow || overflow ? splat(0) : x;
     V n = (xc * kLog2e + kRound) - kRound;  // round to nearest
     V r = xc - n * kLn2Hi - n * kLn2Lo;
     V p = splat(T(1) / factorial(kDegree));
     for (int k = kDegree - 1; k >= 0; --k) p = p * r + T(1) / factorial(k);
     VI bits = (__builtin_convertvector(n, VI) + kBias) << kMantissa;
-    V scaled = p * reinterpret_cast<V&>(bits);
+    V scaled = p * std::bit_cast<V>(bits);
+    scaled = overflow ? splat(std::numeric_limits<T>::infinity()) : scaled;
     return underflow ? splat(0) : scaled;
   }
 

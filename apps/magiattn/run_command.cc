@@ -1,0 +1,366 @@
+// `magiattn run`: one forward and one backward through the public API on seeded normal
+// inputs, timed, then checked against the fp64 oracle on sampled rows (always the first and
+// the last). The dense oracle costs O(rows x keys) per row in fp64, so sampling 64 query and
+// 16 key rows keeps the default 16k-token run to seconds where a full check takes minutes.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <numbers>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "magi/attention.h"
+#include "mask_flags.h"
+#include "oracle.h"
+
+namespace magi::cli {
+namespace {
+
+struct RunFlags {
+  MaskFlags mask;
+  std::int64_t heads_q = 8, heads_kv = 2, head_dim = 128;
+  std::string dtype = "fp32";
+  int threads = 0;
+  double softcap = 0;
+  std::int64_t sink = 0;
+  std::int64_t check_rows = 64;
+  bool json = false;
+};
+
+// fp64: SPEC §5's bar for the CPU backend. fp32, bf16, fp16: inputs are rounded to their
+// dtype once and the oracle reads the same rounded values, while the CPU backend widens them
+// and computes and stores in fp32, so only fp32 arithmetic is left and the fp32 bar applies.
+double error_bar(DType t) { return t == DType::kF64 ? 1e-12 : 1e-5; }
+
+// Cells the oracle may recompute for the dk/dv check: CALIBRATE.
+constexpr std::int64_t kOracleKeyCells = std::int64_t(1) << 22;
+
+// A contiguous host buffer of one dtype; set() rounds to the dtype and returns what it stored.
+class Buffer {
+ public:
+  Buffer(DType dtype, std::int64_t numel)
+      : dtype_(dtype), bytes_(std::size_t(numel) * std::size_t(dtype_size(dtype))) {}
+
+  TensorView view(std::initializer_list<std::int64_t> shape) {
+    return make_view(bytes_.data(), dtype_, shape);
+  }
+
+  double get(std::size_t i) const {
+    switch (dtype_) {
+      case DType::kF64:
+        return load<double>(i);
+      case DType::kF32:
+        return load<float>(i);
+      case DType::kBF16:
+        return to_float(load<BF16>(i));
+      case DType::kF16:
+        return to_float(load<F16>(i));
+    }
+    return 0;
+  }
+
+  double set(std::size_t i, double x) {
+    switch (dtype_) {
+      case DType::kF64:
+        store(i, x);
+        break;
+      case DType::kF32:
+        store(i, float(x));
+        break;
+      case DType::kBF16:
+        store(i, to_bf16(float(x)));
+        break;
+      case DType::kF16:
+        store(i, to_f16(float(x)));
+        break;
+    }
+    return get(i);
+  }
+
+  std::size_t numel() const { return bytes_.size() / std::size_t(dtype_size(dtype_)); }
+
+ private:
+  template <typename T>
+  T load(std::size_t i) const {
+    T x;
+    std::memcpy(&x, bytes_.data() + i * sizeof(T), sizeof(T));
+    return x;
+  }
+  template <typename T>
+  void store(std::size_t i, T x) {
+    std::memcpy(bytes_.data() + i * sizeof(T), &x, sizeof(T));
+  }
+
+  DType dtype_;
+  std::vector<std::byte> bytes_;
+};
+
+// Standard normals by Box-Muller over the top 53 bits of mt19937_64: the same inputs for a
+// seed on every standard library (std::normal_distribution is not portable).
+std::vector<double> fill_normal(Buffer& buf, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const auto unit = [&] { return double(rng() >> 11) * 0x1.0p-53; };
+  std::vector<double> exact(buf.numel());
+  for (std::size_t i = 0; i < exact.size(); i += 2) {
+    const double radius = std::sqrt(-2 * std::log(1 - unit()));  // 1 - u in (0, 1]
+    const double angle = 2 * std::numbers::pi * unit();
+    exact[i] = buf.set(i, radius * std::cos(angle));
+    if (i + 1 < exact.size()) exact[i + 1] = buf.set(i + 1, radius * std::sin(angle));
+  }
+  return exact;
+}
+
+// `count` distinct sorted query rows including the first and the last.
+std::vector<std::int64_t> pick_query_rows(std::int64_t n, std::int64_t count,
+                                          std::mt19937_64& rng) {
+  std::set<std::int64_t> rows;
+  if (count >= n) {
+    for (std::int64_t r = 0; r < n; ++r) rows.insert(r);
+  } else if (count > 0) {
+    rows = {0, n - 1};
+    while (std::int64_t(rows.size()) < count) rows.insert(std::int64_t(rng() % std::uint64_t(n)));
+  }
+  return {rows.begin(), rows.end()};
+}
+
+// Visible cells of the query rows that see key j: what the oracle recomputes for its dk/dv.
+std::int64_t oracle_cells_for_key(const Mask& mask, std::int64_t j) {
+  std::int64_t cells = 0;
+  for (const auto& s : mask.slices()) {
+    if (!s.k_range.contains(j)) continue;
+    const Band band = band_of(s);  // (q, j) visible iff j - hi <= q <= j - lo
+    cells += mask.area(s.q_range.intersect(Range{j - band.hi, j - band.lo + 1}));
+  }
+  return cells;
+}
+
+// Key rows for the dk/dv check: the last, the first, then random ones, each accepted only
+// while the oracle's recomputed cells stay within `budget`. A 16k document-packed mask affords
+// a dozen keys; a dense 16k one (2.7e8 cells behind its first key) affords only its cheap ones.
+std::vector<std::int64_t> pick_key_rows(const Mask& mask, std::int64_t count, std::int64_t budget,
+                                        std::mt19937_64& rng) {
+  const std::int64_t nk = mask.total_seqlen_k();
+  std::set<std::int64_t> rows;
+  std::int64_t spent = 0;
+  for (std::int64_t attempt = 0; nk > 0 && attempt < 4 * count && std::int64_t(rows.size()) < count;
+       ++attempt) {
+    const std::int64_t j = attempt == 0   ? nk - 1
+                           : attempt == 1 ? 0
+                                          : std::int64_t(rng() % std::uint64_t(nk));
+    const std::int64_t cells = rows.contains(j) ? budget + 1 : oracle_cells_for_key(mask, j);
+    if (spent + cells > budget) continue;
+    spent += cells;
+    rows.insert(j);
+  }
+  return {rows.begin(), rows.end()};
+}
+
+std::vector<double> gather_rows(const Buffer& b, const std::vector<std::int64_t>& rows,
+                                std::int64_t row_len) {
+  std::vector<double> out;
+  out.reserve(rows.size() * std::size_t(row_len));
+  for (auto r : rows) {
+    for (std::int64_t i = 0; i < row_len; ++i) out.push_back(b.get(std::size_t(r * row_len + i)));
+  }
+  return out;
+}
+
+template <typename F>
+double timed(const std::string& what, F&& f) {
+  std::cerr << "[magiattn] " << what << "..." << std::flush;
+  const auto start = std::chrono::steady_clock::now();
+  f();
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  char line[32];
+  std::snprintf(line, sizeof line, " %.2f s\n", s);
+  std::cerr << line;
+  return s;
+}
+
+std::string fmt(const char* format, double x) {
+  char s[64];
+  std::snprintf(s, sizeof s, format, x);
+  return s;
+}
+
+struct Result {
+  double fwd_s = 0, bwd_s = 0, fwd_flops = 0;          // backward FLOPs: 2.5x forward (SPEC §4)
+  std::vector<std::pair<std::string, double>> errors;  // max relative error per tensor
+  double bar = 0;
+  std::size_t num_q_checked = 0, num_k_checked = 0;
+  bool pass = true;
+};
+
+int num_threads(const RunFlags& f) {
+  return f.threads > 0 ? f.threads : int(std::thread::hardware_concurrency());
+}
+
+void print_table(const RunFlags& f, const NamedMask& m, const Result& r) {
+  print_mask_summary(std::cout, m);
+  std::cout << "problem     Hq " << f.heads_q << ", Hkv " << f.heads_kv << ", D " << f.head_dim
+            << ", " << f.dtype << ", cpu, " << num_threads(f) << " threads"
+            << (f.softcap > 0 ? ", softcap " + fmt("%g", f.softcap) : "")
+            << (f.sink > 0 ? ", sink " + std::to_string(f.sink) : "") << "\n"
+            << "forward     " << fmt("%.3f s", r.fwd_s)
+            << fmt("  %8.2f GFLOP/s", r.fwd_flops / r.fwd_s / 1e9) << "\n"
+            << "backward    " << fmt("%.3f s", r.bwd_s)
+            << fmt("  %8.2f GFLOP/s", 2.5 * r.fwd_flops / r.bwd_s / 1e9) << "\n"
+            << "checked     " << r.num_q_checked << " q rows, " << r.num_k_checked
+            << " k rows against the fp64 oracle, bar " << fmt("%.0e", r.bar) << "\n";
+  for (const auto& [name, e] : r.errors) {
+    std::cout << "error " << name << std::string(6 - name.size(), ' ') << fmt("%.2e", e) << "\n";
+  }
+  if (f.sink > 0) std::cout << "            (dsink is not checked: the sampled oracle has none)\n";
+  std::cout << "result      " << (r.pass ? "PASS" : "FAIL") << "\n";
+}
+
+void print_json(const RunFlags& f, const NamedMask& m, const Result& r) {
+  nlohmann::ordered_json j;
+  j["mask"] = m.name;
+  j["tokens_q"] = m.mask.total_seqlen_q();
+  j["tokens_k"] = m.mask.total_seqlen_k();
+  j["slices"] = m.mask.size();
+  j["area"] = m.mask.area();
+  j["sparsity"] = m.mask.sparsity();
+  j["heads_q"] = f.heads_q;
+  j["heads_kv"] = f.heads_kv;
+  j["head_dim"] = f.head_dim;
+  j["dtype"] = f.dtype;
+  j["threads"] = num_threads(f);
+  j["softcap"] = f.softcap;
+  j["sink"] = f.sink;
+  j["fwd_s"] = r.fwd_s;
+  j["fwd_gflops"] = r.fwd_flops / r.fwd_s / 1e9;
+  j["bwd_s"] = r.bwd_s;
+  j["bwd_gflops"] = 2.5 * r.fwd_flops / r.bwd_s / 1e9;
+  for (const auto& [name, e] : r.errors) j["rel_error"][name] = e;
+  j["bar"] = r.bar;
+  j["checked_q_rows"] = r.num_q_checked;
+  j["checked_k_rows"] = r.num_k_checked;
+  j["pass"] = r.pass;
+  std::cout << j.dump() << "\n";
+}
+
+int run_attention(const RunFlags& f) {
+  const NamedMask m = make_mask(f.mask);
+  const DType dtype = dtype_from_name(f.dtype);
+  const DType compute = dtype == DType::kF64 ? DType::kF64 : DType::kF32;
+  const std::int64_t nq = m.mask.total_seqlen_q(), nk = m.mask.total_seqlen_k();
+  const std::int64_t hq = f.heads_q, hkv = f.heads_kv, d = f.head_dim, ns = f.sink;
+
+  oracle::Problem p;
+  p.num_q = nq, p.num_k = nk, p.heads_q = hq, p.heads_kv = hkv, p.head_dim = d;
+  p.softcap = f.softcap;
+  p.sink_len = ns;
+  Buffer q(dtype, nq * hq * d), k(dtype, nk * hkv * d), v(dtype, nk * hkv * d);
+  Buffer dout(dtype, nq * hq * d), sink(compute, ns * hq);
+  timed("inputs", [&] {
+    const std::uint64_t s = f.mask.spec.seed * 8;  // one stream per tensor
+    p.q = fill_normal(q, s + 1), p.k = fill_normal(k, s + 2), p.v = fill_normal(v, s + 3);
+    p.dout = fill_normal(dout, s + 4), p.sink = fill_normal(sink, s + 5);
+  });
+
+  // Outputs in the compute type, so the check measures the kernels, not a final rounding.
+  Buffer out(compute, nq * hq * d), lse(compute, nq * hq);
+  Buffer dq(compute, nq * hq * d), dk(compute, nk * hkv * d), dv(compute, nk * hkv * d);
+  Buffer dsink(compute, ns * hq);
+  AttnOptions opts;
+  opts.softcap = f.softcap;
+  opts.num_threads = f.threads;
+  FwdArgs fa;
+  fa.q = q.view({nq, hq, d});
+  fa.k = k.view({nk, hkv, d});
+  fa.v = v.view({nk, hkv, d});
+  fa.out = out.view({nq, hq, d});
+  fa.lse = lse.view({nq, hq});
+  BwdArgs ba;
+  ba.dout = dout.view({nq, hq, d});
+  ba.q = fa.q, ba.k = fa.k, ba.v = fa.v, ba.out = fa.out, ba.lse = fa.lse;
+  ba.dq = dq.view({nq, hq, d});
+  ba.dk = dk.view({nk, hkv, d});
+  ba.dv = dv.view({nk, hkv, d});
+  if (ns > 0) {
+    fa.sink = ba.sink = sink.view({ns, hq});
+    ba.dsink = dsink.view({ns, hq});
+  }
+  const double fwd_s = timed("forward", [&] { attn_forward(m.mask, fa, opts); });
+  const double bwd_s = timed("backward", [&] { attn_backward(m.mask, ba, opts); });
+
+  std::mt19937_64 rng(f.mask.spec.seed + 0x5eed);
+  const auto q_rows = pick_query_rows(nq, f.check_rows, rng);
+  const auto k_rows = pick_key_rows(m.mask, f.check_rows / 4, kOracleKeyCells, rng);
+  oracle::RowResult ref;
+  if (!q_rows.empty()) {
+    timed("oracle on " + std::to_string(q_rows.size()) + " q and " + std::to_string(k_rows.size()) +
+              " k rows",
+          [&] { ref = oracle::sampled(m.mask, p, q_rows, k_rows); });
+  }
+  const auto error = [](const Buffer& b, const std::vector<std::int64_t>& rows,
+                        std::int64_t row_len, const std::vector<double>& want) {
+    if (rows.empty()) return 0.0;
+    return oracle::rel_error(gather_rows(b, rows, row_len).data(), want.data(), want.size());
+  };
+  Result r;
+  r.fwd_s = fwd_s;
+  r.bwd_s = bwd_s;
+  r.fwd_flops = attn_fwd_flops(m.mask.area(), hq, d);
+  r.errors = {{"out", error(out, ref.q_rows, hq * d, ref.out)},
+              {"lse", error(lse, ref.q_rows, hq, ref.lse)},
+              {"dq", error(dq, ref.q_rows, hq * d, ref.dq)},
+              {"dk", error(dk, ref.k_rows, hkv * d, ref.dk)},
+              {"dv", error(dv, ref.k_rows, hkv * d, ref.dv)}};
+  r.bar = error_bar(dtype);
+  r.num_q_checked = q_rows.size();
+  r.num_k_checked = k_rows.size();
+  for (const auto& [name, e] : r.errors) r.pass = r.pass && e <= r.bar;  // NaN fails
+  if (f.json) {
+    print_json(f, m, r);
+  } else {
+    print_table(f, m, r);
+  }
+  return r.pass ? 0 : 1;
+}
+
+}  // namespace
+
+Command add_run_command(CLI::App& parent) {
+  auto flags = std::make_shared<RunFlags>();
+  CLI::App* cmd = parent.add_subcommand(
+      "run", "forward + backward on random inputs, timed and checked against the fp64 oracle");
+  add_mask_flags(*cmd, flags->mask);
+  cmd->add_option("--heads-q", flags->heads_q, "query heads")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--heads-kv", flags->heads_kv, "key/value heads (divides --heads-q)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--head-dim", flags->head_dim, "head dimension")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--dtype", flags->dtype, "input dtype")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"fp32", "fp64", "bf16", "fp16"}));
+  cmd->add_option("--threads", flags->threads, "CPU threads (0: all)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--softcap", flags->softcap, "logit softcap c (0: off)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--sink", flags->sink, "learnable sink tokens per head")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option(
+         "--check-rows", flags->check_rows,
+         "query rows checked against the oracle (key rows: a quarter, at least 2; 0: no check)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_flag("--json", flags->json, "print one JSON result line instead of the table");
+  return {cmd, [flags] { return run_attention(*flags); }};
+}
+
+}  // namespace magi::cli

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The test command of the README and of CI: install dependencies, build the release preset and
+# run every CTest test (unit tests and CLI tests). MAGI_TEST_ASAN=1 repeats this under
+# AddressSanitizer + UBSan; MAGI_TEST_LEVEL=full and MAGI_TEST_SEED pass through to the tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+presets=(release)
+[ "${MAGI_TEST_ASAN:-0}" = 1 ] && presets+=(asan)
+for preset in "${presets[@]}"; do
+  scripts/build.sh "$preset"
+  ctest --preset "$preset" -j "$(nproc)"
+done

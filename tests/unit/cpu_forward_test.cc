@@ -1,0 +1,405 @@
+// CPU forward vs the fp64 oracle (SPEC §5): hand-picked edge cases, accumulate, determinism,
+// then a seeded random sweep. Inputs are rounded to the tested dtype before the oracle sees
+// them, so what is left is the backend's own arithmetic plus the final store: 1e-12 in fp64,
+// 1e-5 in fp32, and one extra output rounding (2^-8 bf16, 2^-11 fp16) for narrow outputs.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <sstream>
+#include <string>
+
+#include "attn_case.h"
+#include "seed.h"
+
+namespace magi {
+namespace {
+
+using oracle::Problem;
+using testing::Config;
+using testing::Layout;
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+std::string describe(const Config& c, const Problem& p) {
+  std::ostringstream os;
+  os << dtype_name(c.in) << " in, " << dtype_name(c.out) << " out, " << p.num_q << "x" << p.num_k
+     << " hq " << p.heads_q << " hkv " << p.heads_kv << " d " << p.head_dim << " layout "
+     << int(c.layout) << " softcap " << c.opts.softcap << " threads " << c.opts.num_threads;
+  if (p.sink_len > 0)
+    os << " sink " << p.sink_len << (p.sink_layout == SinkLayout::kSH ? " sh" : " ssh");
+  return os.str();
+}
+
+// One backend call compared with the oracle; rows that see nothing must be exactly 0 / -inf.
+void check_forward(const Mask& mask, const Problem& p, const Config& cfg,
+                   const std::string& note = "") {
+  const std::string what = describe(cfg, p) + "; " + note + "\n" + mask.to_string();
+  testing::FwdCall call(p, cfg);
+  ASSERT_NO_THROW(attn_forward(mask, call.args(), cfg.opts)) << what;
+  const auto want = oracle::forward(mask, p);
+  const auto got = call.result();
+  const double tol_c = testing::tolerance(cfg.compute(), cfg.compute());
+  EXPECT_LE(testing::rel_err(got.out, want.out), testing::tolerance(cfg.compute(), cfg.out))
+      << "out: " << what;
+  EXPECT_LE(testing::lse_err(got.lse, want.lse), tol_c) << "lse: " << what;
+  if (cfg.max_logits) {
+    EXPECT_LE(testing::lse_err(got.max_logits, want.max_logits), tol_c) << "max_logits: " << what;
+  }
+  std::int64_t nonzero = 0;
+  for (std::size_t r = 0; r < want.lse.size(); ++r)
+    if (want.lse[r] == -kInf)
+      for (std::int64_t e = 0; e < p.head_dim; ++e) nonzero += got.out[r * p.head_dim + e] != 0.0;
+  EXPECT_EQ(nonzero, 0) << "empty rows must give out exactly 0: " << what;
+  EXPECT_TRUE(call.gaps_intact()) << "wrote outside the view: " << what;
+}
+
+void check_both(const Mask& mask, std::int64_t hq, std::int64_t hkv, std::int64_t d,
+                Config cfg = {}, std::int64_t sink_len = 0, std::uint64_t seed = 1) {
+  for (DType in : {DType::kF64, DType::kF32}) {
+    std::mt19937_64 rng(seed);
+    Config c = testing::config_for(in);
+    c.layout = cfg.layout;
+    c.opts = cfg.opts;
+    c.max_logits = cfg.max_logits;
+    check_forward(mask, testing::random_problem(rng, mask.total_seqlen_q(), mask.total_seqlen_k(),
+                                                hq, hkv, d, c, sink_len),
+                  c);
+  }
+}
+
+Mask one_slice(std::int64_t nq, std::int64_t nk, Slice s) { return Mask(nq, nk, {s}); }
+
+TEST(CpuForward, EmptyAndLengthOneRanges) {
+  const Mask mask(9, 7, {Slice{{0, 0}, {0, 7}, MaskType::kFull},
+                         Slice{{0, 9}, {3, 3}, MaskType::kCausal},
+                         Slice{{2, 3}, {0, 1}, MaskType::kFull},
+                         Slice{{4, 5}, {1, 7}, MaskType::kCausal},
+                         Slice{{5, 9}, {6, 7}, MaskType::kInvCausal},
+                         Slice{{6, 7}, {0, 1}, MaskType::kBiCausal}});
+  check_both(mask, 2, 1, 16);
+  check_both(Mask(1, 1, {Slice{{0, 1}, {0, 1}, MaskType::kCausal}}), 1, 1, 8);
+}
+
+TEST(CpuForward, EveryTypeWithShorterEqualAndLongerKeys) {
+  for (int t = 0; t < 4; ++t)
+    for (auto [sq, sk] : {std::pair{37, 61}, {61, 37}, {64, 64}, {1, 9}, {9, 1}, {65, 129}}) {
+      SCOPED_TRACE(::testing::Message() << "type " << t << " sq " << sq << " sk " << sk);
+      check_both(one_slice(sq + 7, sk + 9, Slice{{3, 3 + sq}, {5, 5 + sk}, MaskType(t)}), 2, 1, 64);
+    }
+}
+
+TEST(CpuForward, SizesAroundTileMultiples) {
+  const std::int64_t sizes[] = {1, 63, 64, 65, 127, 128, 129};
+  for (std::int64_t n : sizes)
+    for (std::int64_t m : sizes)
+      for (MaskType t : {MaskType::kCausal, MaskType::kInvCausal}) {
+        std::mt19937_64 rng(n * 1000 + m);
+        const Config cfg = testing::config_for(DType::kF32);
+        check_forward(one_slice(n, m, Slice{{0, n}, {0, m}, t}),
+                      testing::random_problem(rng, n, m, 1, 1, 32, cfg), cfg);
+      }
+  check_both(one_slice(129, 128, Slice{{1, 129}, {0, 127}, MaskType::kFull}), 2, 2, 64);
+  check_both(one_slice(128, 129, Slice{{0, 65}, {1, 129}, MaskType::kBiCausal}), 2, 2, 64);
+}
+
+TEST(CpuForward, QueryRowsSharedBySeveralSlices) {
+  // Documents with global tokens: rows 8.. see keys [0, 8) from one slice and their
+  // document from another.
+  check_both(Mask(150, 150, {Slice{{0, 150}, {0, 8}, MaskType::kFull},
+                             Slice{{8, 70}, {8, 70}, MaskType::kCausal},
+                             Slice{{70, 150}, {70, 150}, MaskType::kCausal}}),
+             4, 2, 64);
+  // A causal triangle and the strict upper triangle as inv_causal tile the full square.
+  check_both(Mask(100, 100, {Slice{{0, 100}, {0, 100}, MaskType::kCausal},
+                             Slice{{0, 99}, {1, 100}, MaskType::kInvCausal}}),
+             2, 1, 32);
+  // Interleaved key ranges of one query block.
+  check_both(Mask(70, 200, {Slice{{0, 70}, {0, 40}, MaskType::kBiCausal},
+                            Slice{{0, 70}, {40, 130}, MaskType::kFull},
+                            Slice{{10, 70}, {130, 200}, MaskType::kCausal}}),
+             2, 1, 64);
+}
+
+TEST(CpuForward, RowsThatSeeNothing) {
+  // Rows 0-9 are in no slice, 10-19 are the rows a causal slice with sq > sk leaves empty,
+  // and 70-74 hold a bi-causal slice with sq > sk, which is empty.
+  const Mask mask(80, 50, {Slice{{10, 70}, {0, 50}, MaskType::kCausal},
+                           Slice{{70, 75}, {0, 3}, MaskType::kBiCausal}});
+  check_both(mask, 2, 1, 32);
+  Config cfg;
+  check_both(mask, 2, 1, 32, cfg, 2);
+  cfg.opts.sink_layout = SinkLayout::kSSH;
+  check_both(mask, 2, 1, 32, cfg, 3);
+}
+
+TEST(CpuForward, GqaAndMqa) {
+  const Mask mask(100, 120, {Slice{{0, 100}, {20, 120}, MaskType::kCausal},
+                             Slice{{0, 100}, {0, 10}, MaskType::kFull}});
+  for (std::int64_t hkv : {8, 4, 2, 1}) {
+    SCOPED_TRACE(::testing::Message() << "hkv " << hkv);
+    check_both(mask, 8, hkv, 32);
+  }
+}
+
+TEST(CpuForward, HeadDims) {
+  const Mask mask(70, 90, {Slice{{0, 70}, {0, 90}, MaskType::kCausal}});
+  for (std::int64_t d : {8, 64, 72, 128, 192, 256}) {
+    SCOPED_TRACE(::testing::Message() << "d " << d);
+    check_both(mask, 2, 1, d);
+  }
+}
+
+TEST(CpuForward, Softcap) {
+  const Mask mask(90, 90, {Slice{{0, 90}, {0, 90}, MaskType::kCausal}});
+  Config cfg;
+  cfg.opts.softcap = 1.0;
+  cfg.opts.softmax_scale = 0.6;  // logits of several units: tanh saturates
+  check_both(mask, 2, 1, 64, cfg);
+  cfg.opts.softcap = 30.0;
+  cfg.opts.softmax_scale.reset();
+  check_both(mask, 2, 1, 64, cfg);
+}
+
+TEST(CpuForward, Sinks) {
+  const Mask mask(70, 66, {Slice{{5, 70}, {0, 66}, MaskType::kCausal}});
+  for (SinkLayout layout : {SinkLayout::kSH, SinkLayout::kSSH})
+    for (std::int64_t len : {1, 3, kMaxSinkLen}) {
+      SCOPED_TRACE(::testing::Message() << "layout " << int(layout) << " len " << len);
+      Config cfg;
+      cfg.opts.sink_layout = layout;
+      check_both(mask, 4, 2, 32, cfg, len);
+    }
+  // An fp32 sink with fp64 compute is legal; the oracle sees the fp32-rounded logits.
+  std::mt19937_64 rng(5);
+  Config cfg = testing::config_for(DType::kF64);
+  cfg.sink = DType::kF32;
+  check_forward(mask, testing::random_problem(rng, 70, 66, 2, 1, 16, cfg, 2), cfg);
+}
+
+TEST(CpuForward, NothingVisibleAnywhere) {
+  check_both(Mask(20, 30, {}), 2, 1, 16);
+  check_both(Mask(20, 0, {}), 2, 1, 16);
+  check_both(Mask(0, 30, {}), 2, 1, 16);
+  Config cfg;
+  check_both(Mask(20, 0, {}), 2, 1, 16, cfg, 2);
+  cfg.max_logits = false;
+  check_both(Mask(20, 30, {Slice{{0, 20}, {0, 30}, MaskType::kFull}}), 2, 1, 16, cfg);
+}
+
+TEST(CpuForward, NonContiguousViews) {
+  const Mask mask(77, 90, {Slice{{0, 77}, {0, 90}, MaskType::kCausal},
+                           Slice{{0, 50}, {80, 90}, MaskType::kFull}});
+  for (Layout layout : {Layout::kPadded, Layout::kHeadMajor}) {
+    Config cfg;
+    cfg.layout = layout;
+    check_both(mask, 4, 2, 72, cfg, 2);
+    std::mt19937_64 rng(9);
+    cfg = testing::config_for(DType::kBF16);
+    cfg.layout = layout;
+    check_forward(mask, testing::random_problem(rng, 77, 90, 4, 2, 64, cfg), cfg);
+  }
+}
+
+TEST(CpuForward, NarrowInputsAndOutputs) {
+  const Mask mask(130, 140, {Slice{{0, 130}, {0, 140}, MaskType::kCausal}});
+  for (DType in : {DType::kBF16, DType::kF16})
+    for (DType out : {DType::kF32, in}) {
+      std::mt19937_64 rng(11);
+      Config cfg = testing::config_for(in);
+      cfg.out = out;
+      check_forward(mask, testing::random_problem(rng, 130, 140, 2, 1, 128, cfg, 1), cfg);
+    }
+  std::mt19937_64 rng(12);
+  Config cfg = testing::config_for(DType::kF64);
+  cfg.out = DType::kF32;  // fp64 compute stored to fp32
+  check_forward(mask, testing::random_problem(rng, 130, 140, 2, 1, 64, cfg), cfg);
+}
+
+// (out_a, lse_a) <- merge with (out_b, lse_b), in double, safe for -inf on either side.
+void merge_row(double& lse_a, double* out_a, double lse_b, const double* out_b, std::int64_t d) {
+  if (lse_b == -kInf) return;
+  const double lse = lse_a == -kInf ? lse_b
+                                    : std::max(lse_a, lse_b) +
+                                          std::log1p(std::exp(-std::abs(lse_a - lse_b)));
+  const double wa = lse_a == -kInf ? 0.0 : std::exp(lse_a - lse), wb = std::exp(lse_b - lse);
+  for (std::int64_t e = 0; e < d; ++e) out_a[e] = wa * out_a[e] + wb * out_b[e];
+  lse_a = lse;
+}
+
+TEST(CpuForward, AccumulateTwoCallsEqualsOneOverTheUnion) {
+  const std::vector<Slice> a{Slice{{0, 150}, {0, 8}, MaskType::kFull},
+                             Slice{{70, 150}, {70, 150}, MaskType::kCausal}};
+  const std::vector<Slice> b{Slice{{8, 70}, {8, 70}, MaskType::kCausal},
+                             Slice{{100, 150}, {8, 40}, MaskType::kBiCausal}};
+  std::vector<Slice> both = a;
+  both.insert(both.end(), b.begin(), b.end());
+  const Mask mask_a(160, 150, a), mask_b(160, 150, b), mask_all(160, 150, both);
+  for (DType in : {DType::kF64, DType::kF32})
+    for (std::int64_t sink_len : {0, 2}) {
+      std::mt19937_64 rng(21);
+      const Config cfg = testing::config_for(in);
+      const Problem p = testing::random_problem(rng, 160, 150, 4, 2, 64, cfg, sink_len);
+      testing::FwdCall split(p, cfg), whole(p, cfg);
+      AttnOptions opts = cfg.opts;
+      ASSERT_NO_THROW(attn_forward(mask_a, split.args(/*with_sink=*/false), opts));
+      opts.accumulate = true;  // the sink joins once, with the second part
+      ASSERT_NO_THROW(attn_forward(mask_b, split.args(), opts));
+      ASSERT_NO_THROW(attn_forward(mask_all, whole.args(), cfg.opts));
+      const auto want = oracle::forward(mask_all, p);
+      const auto got = split.result(), one = whole.result();
+      const double tol = testing::tolerance(cfg.compute(), cfg.compute());
+      const std::string what = describe(cfg, p);
+      EXPECT_LE(testing::rel_err(got.out, want.out), tol) << what;
+      EXPECT_LE(testing::lse_err(got.lse, want.lse), tol) << what;
+      EXPECT_LE(testing::lse_err(got.max_logits, want.max_logits), tol) << what;
+      EXPECT_LE(testing::rel_err(got.out, one.out), 2 * tol) << what;
+      EXPECT_LE(testing::lse_err(got.lse, one.lse), 2 * tol) << what;
+      if (sink_len == 0) {
+        EXPECT_EQ(got.lse[150 * 4], -kInf) << "row 150 sees nothing: " << what;
+      }
+    }
+}
+
+TEST(CpuForward, AccumulateMergesIntoAnyPartialResult) {
+  // out/lse start as an arbitrary partial result (some rows empty: 0 / -inf). Rows the call
+  // does not touch stay bitwise unchanged unless a sink is passed, which reaches every row.
+  const Mask mask(90, 80, {Slice{{10, 60}, {0, 80}, MaskType::kCausal},
+                           Slice{{60, 70}, {0, 5}, MaskType::kBiCausal}});
+  const std::uint64_t seed = testing::test_seed();
+  for (DType in : {DType::kF64, DType::kF32})
+    for (std::int64_t sink_len : {0, 2}) {
+      std::mt19937_64 rng(seed);
+      const Config cfg = testing::config_for(in);
+      const Problem p = testing::random_problem(rng, 90, 80, 2, 1, 32, cfg, sink_len);
+      const std::int64_t hq = 2, d = 32;
+      std::vector<double> out0(90 * hq * d), lse0(90 * hq), ml0{0.25, -kInf};
+      std::normal_distribution<double> normal;
+      for (std::size_t r = 0; r < lse0.size(); ++r) {
+        const bool empty = r % 5 == 0;
+        lse0[r] = empty ? -kInf : testing::round_to(in, 2 * normal(rng));
+        for (std::int64_t e = 0; e < d; ++e)
+          out0[r * d + e] = empty ? 0.0 : testing::round_to(in, normal(rng));
+      }
+      testing::FwdCall call(p, cfg);
+      call.out.store(out0);
+      call.lse.store(lse0);
+      call.max_logits.store(ml0);
+      AttnOptions opts = cfg.opts;
+      opts.accumulate = true;
+      ASSERT_NO_THROW(attn_forward(mask, call.args(), opts));
+
+      Problem no_sink = p;
+      no_sink.sink_len = 0;
+      no_sink.sink.clear();
+      const auto part = oracle::forward(mask, no_sink);
+      std::vector<double> out = out0, lse = lse0;
+      for (std::size_t r = 0; r < lse.size(); ++r) {
+        merge_row(lse[r], &out[r * d], part.lse[r], &part.out[r * d], d);
+        double lse_sink = -kInf;
+        for (std::int64_t t = 0; t < sink_len; ++t) {
+          const std::int64_t h = std::int64_t(r) % hq, row = std::int64_t(r) / hq;
+          const double s = p.sink[p.sink_layout == SinkLayout::kSH ? t * hq + h
+                                                                   : (row * sink_len + t) * hq + h];
+          lse_sink = lse_sink == -kInf ? s : std::max(lse_sink, s) + std::log1p(std::exp(-std::abs(lse_sink - s)));
+        }
+        const std::vector<double> zero(d, 0.0);
+        merge_row(lse[r], &out[r * d], lse_sink, zero.data(), d);
+      }
+      const auto got = call.result();
+      const double tol = testing::tolerance(cfg.compute(), cfg.compute());
+      const std::string what = describe(cfg, p) + " " + testing::seed_note(seed);
+      EXPECT_LE(testing::rel_err(got.out, out), tol) << what;
+      EXPECT_LE(testing::lse_err(got.lse, lse), tol) << what;
+      const std::vector<double> ml{std::max(0.25, part.max_logits[0]), part.max_logits[1]};
+      EXPECT_LE(testing::lse_err(got.max_logits, ml), tol) << what;
+      if (sink_len == 0)
+        for (std::int64_t r = 0; r < 10 * hq; ++r) {  // rows 0-9: no slice
+          EXPECT_EQ(got.lse[r], lse0[r]) << "untouched row " << r / hq << ": " << what;
+          for (std::int64_t e = 0; e < d; ++e) EXPECT_EQ(got.out[r * d + e], out0[r * d + e]);
+        }
+    }
+}
+
+TEST(CpuForward, BitwiseDeterministicForAFixedThreadCount) {
+  std::mt19937_64 rng(31);
+  const Mask mask = testing::random_mask(rng, 300, 280, 8);
+  for (DType in : {DType::kF32, DType::kF64}) {
+    Config cfg = testing::config_for(in);
+    const Problem p = testing::random_problem(rng, 300, 280, 4, 2, 64, cfg, 1);
+    for (int threads : {1, 2, 3}) {
+      cfg.opts.num_threads = threads;
+      cfg.opts.deterministic = threads == 3;
+      testing::FwdCall x(p, cfg), y(p, cfg);
+      ASSERT_NO_THROW(attn_forward(mask, x.args(), cfg.opts));
+      ASSERT_NO_THROW(attn_forward(mask, y.args(), cfg.opts));
+      EXPECT_EQ(x.out.raw(), y.out.raw()) << "threads " << threads;
+      EXPECT_EQ(x.lse.raw(), y.lse.raw()) << "threads " << threads;
+      EXPECT_EQ(x.max_logits.raw(), y.max_logits.raw()) << "threads " << threads;
+      check_forward(mask, p, cfg, "threads " + std::to_string(threads));
+    }
+  }
+}
+
+TEST(CpuForward, RandomSweep) {
+  const std::uint64_t seed = testing::test_seed();
+  std::mt19937_64 rng(seed);
+  const int iterations = testing::full_level() ? 400 : 40;
+  auto pick = [&](std::initializer_list<std::int64_t> xs) {
+    return *(xs.begin() + std::uniform_int_distribution<std::size_t>(0, xs.size() - 1)(rng));
+  };
+  for (int it = 0; it < iterations; ++it) {
+    const std::int64_t nq = pick({1, 17, 64, 65, 130, 257}) + pick({0, 0, 3});
+    const std::int64_t nk = pick({1, 17, 63, 128, 129, 300});
+    const std::int64_t hkv = pick({1, 2}), hq = hkv * pick({1, 2, 3});
+    const std::int64_t d = pick({8, 16, 64, 72, 128});
+    Config cfg = testing::config_for(pick({0, 1, 2}) == 0 ? DType::kF64
+                                      : pick({0, 1, 2}) ? DType::kF32
+                                                        : DType::kBF16);
+    if (cfg.in == DType::kBF16 && pick({0, 1})) cfg.out = DType::kBF16;
+    cfg.layout = Layout(pick({0, 0, 1, 2}));
+    cfg.opts.softcap = pick({0, 0, 0, 1}) ? 5.0 : 0.0;
+    cfg.opts.sink_layout = pick({0, 1}) ? SinkLayout::kSSH : SinkLayout::kSH;
+    cfg.opts.num_threads = int(pick({0, 1, 2}));
+    if (pick({0, 1, 2, 3}) == 0) cfg.opts.softmax_scale = 0.5;
+    const std::int64_t sink_len = pick({0, 0, 1, 4});
+    const Mask mask = testing::random_mask(rng, nq, nk, int(pick({1, 3, 8})));
+    const Problem p = testing::random_problem(rng, nq, nk, hq, hkv, d, cfg, sink_len);
+    check_forward(mask, p, cfg, testing::seed_note(seed) + " iteration " + std::to_string(it));
+    if (::testing::Test::HasFailure()) break;  // the first failure, with its replay line
+  }
+}
+
+TEST(CpuForward, SampledRowsOfALongSequence) {
+  // Packed documents with 16 global tokens, checked on sampled rows so the fp64 oracle stays
+  // fast at 4k tokens (16k in the full level).
+  const std::int64_t n = testing::full_level() ? 16384 : 4096;
+  const std::uint64_t seed = testing::test_seed();
+  std::mt19937_64 rng(seed);
+  std::vector<Slice> slices{Slice{{16, n}, {0, 16}, MaskType::kFull},
+                            Slice{{0, 16}, {0, 16}, MaskType::kCausal}};
+  for (std::int64_t start = 16; start < n;) {
+    const std::int64_t end = std::min(n, start + std::uniform_int_distribution<std::int64_t>(1, n / 3)(rng));
+    slices.push_back(Slice{{start, end}, {start, end}, MaskType::kCausal});
+    start = end;
+  }
+  const Mask mask(n, n, slices);
+  const Config cfg = testing::config_for(DType::kF32);
+  const Problem p = testing::random_problem(rng, n, n, 4, 2, 64, cfg, 1);
+  testing::FwdCall call(p, cfg);
+  ASSERT_NO_THROW(attn_forward(mask, call.args(), cfg.opts));
+  std::vector<std::int64_t> rows{0, 15, 16, n - 1};
+  for (int i = 0; i < 20; ++i) rows.push_back(std::uniform_int_distribution<std::int64_t>(0, n - 1)(rng));
+  const auto want = oracle::sampled(mask, p, rows, {});
+  const auto got = call.result();
+  std::vector<double> out, lse;
+  for (std::int64_t r : rows) {
+    out.insert(out.end(), got.out.begin() + r * 4 * 64, got.out.begin() + (r + 1) * 4 * 64);
+    lse.insert(lse.end(), got.lse.begin() + r * 4, got.lse.begin() + (r + 1) * 4);
+  }
+  EXPECT_LE(testing::rel_err(out, want.out), 1e-5) << testing::seed_note(seed);
+  EXPECT_LE(testing::lse_err(lse, want.lse), 1e-5) << testing::seed_note(seed);
+}
+
+}  // namespace
+}  // namespace magi
