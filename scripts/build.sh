@@ -6,7 +6,7 @@ set -euo pipefail
 preset=${1:-release}
 cd "$(dirname "$0")/.."
 
-packages=(build-essential cmake libgtest-dev libgmock-dev googletest libbenchmark-dev
+packages=(build-essential cmake pkg-config libgtest-dev libgmock-dev googletest libbenchmark-dev
           nlohmann-json3-dev libcli11-dev libopenblas-dev)
 missing=()
 for p in "${packages[@]}"; do

@@ -1,15 +1,17 @@
 // magiattn: the command-line front. Parsing errors and magi::Error both end here as one
 // "magiattn: error: ..." line and exit code 2, so scripts can tell bad input (2) from a
-// failed accuracy check (1).
-#include <CLI/CLI.hpp>
+// failed accuracy check (1) and from anything else thrown (3).
 #include <exception>
 #include <iostream>
+
+#include <CLI/CLI.hpp>
 
 #include "magi/error.h"
 #include "mask_flags.h"
 
 namespace {
 constexpr int kUsageError = 2;
+constexpr int kInternalError = 3;
 }
 
 int main(int argc, char** argv) {
@@ -30,9 +32,12 @@ int main(int argc, char** argv) {
     for (const auto& c : commands) {
       if (c.app->parsed()) return c.main();
     }
-  } catch (const std::exception& e) {
+  } catch (const magi::Error& e) {
     std::cerr << "magiattn: error: " << e.what() << "\n";
     return kUsageError;
+  } catch (const std::exception& e) {  // a bug or out of memory, not bad input
+    std::cerr << "magiattn: internal error: " << e.what() << "\n";
+    return kInternalError;
   }
   return kUsageError;
 }

@@ -3,10 +3,11 @@
 // settings, so a bare command reproduces the published protocol.
 #pragma once
 
-#include <CLI/CLI.hpp>
 #include <functional>
 #include <ostream>
 #include <string>
+
+#include <CLI/CLI.hpp>
 
 #include "magi/mask.h"
 #include "magi/mask_families.h"

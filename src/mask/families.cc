@@ -100,6 +100,12 @@ constexpr Family kFamilies[] = {
     {"block-sparse", block_sparse},
 };
 
+std::string joined_names() {
+  std::string names;
+  for (const auto& f : kFamilies) names += (names.empty() ? "" : ", ") + std::string(f.name);
+  return names;
+}
+
 }  // namespace
 
 const std::vector<std::string_view>& family_names() {
@@ -112,15 +118,13 @@ const std::vector<std::string_view>& family_names() {
 }
 
 Mask build_family(const FamilySpec& spec) {
-  for (const auto& f : kFamilies) {
-    if (f.name != spec.family) continue;
-    MAGI_CHECK(spec.seqlen > 0, "mask family '", spec.family, "': seqlen ", spec.seqlen,
-               " must be positive");
-    return f.build(spec);
-  }
-  std::string valid;
-  for (const auto& name : family_names()) valid += (valid.empty() ? "" : ", ") + std::string(name);
-  MAGI_CHECK(false, "unknown mask family '", spec.family, "' (valid: ", valid, ")");
+  const auto* family = std::find_if(std::begin(kFamilies), std::end(kFamilies),
+                                    [&](const Family& f) { return f.name == spec.family; });
+  MAGI_CHECK(family != std::end(kFamilies), "unknown mask family '", spec.family,
+             "' (valid: ", joined_names(), ")");
+  MAGI_CHECK(spec.seqlen > 0, "mask family '", spec.family, "': seqlen ", spec.seqlen,
+             " must be positive");
+  return family->build(spec);
 }
 
 }  // namespace magi

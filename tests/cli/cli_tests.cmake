@@ -33,6 +33,6 @@ magi_cli_test(missing_mask_file 2 "magiattn: error: .*does-not-exist\\.json" mas
               ${CMAKE_CURRENT_BINARY_DIR}/does-not-exist.json)
 magi_cli_test(bad_dtype 2 "magiattn: error: .*int8" run --dtype int8)
 magi_cli_test(bad_seqlen 2 "magiattn: error: .*--seqlen" run --seqlen -5)
-magi_cli_test(bad_heads 2 "magiattn: error: .*" run --seqlen 256 --heads-q 6 --heads-kv 4)
+magi_cli_test(bad_heads 2 "magiattn: error: q: 6 heads are not a multiple of the 4" run --seqlen 256 --heads-q 6 --heads-kv 4)
 magi_cli_test(mask_and_file_conflict 2 "magiattn: error: .*excludes" run --mask causal --mask-file
               x.json)

@@ -291,16 +291,33 @@ inline double rel_err(const std::vector<double>& a, const std::vector<double>& b
   return oracle::rel_error(a.data(), b.data(), a.size());
 }
 
+inline double max_abs(const std::vector<double>& xs) {
+  double m = 0;
+  for (double x : xs)
+    if (std::isfinite(x)) m = std::max(m, std::abs(x));
+  return m;
+}
+
+// max|a - b| / max(max|b|, scale), with non-finite positions required to match. A reference
+// that cancels to ~0 (one visible key makes dS = 0, so dq = dk = 0) is judged at `scale`
+// instead of dividing rounding noise by zero.
+inline double err_at_scale(const std::vector<double>& a, const std::vector<double>& b,
+                           double scale) {
+  if (std::isinf(rel_err(a, b))) return std::numeric_limits<double>::infinity();
+  double diff = 0;
+  for (std::size_t i = 0; i < b.size(); ++i)
+    if (std::isfinite(b[i])) diff = std::max(diff, std::abs(a[i] - b[i]));
+  return diff / std::max({max_abs(b), scale, 1e-300});
+}
+
 // lse is a log: its error is absolute for |lse| < 1 (a row of one key can have lse near 0).
 inline double lse_err(const std::vector<double>& a, const std::vector<double>& b) {
-  if (std::isinf(rel_err(a, b))) return std::numeric_limits<double>::infinity();
-  double diff = 0, ref = 1;
-  for (std::size_t i = 0; i < b.size(); ++i) {
-    if (!std::isfinite(b[i])) continue;
-    diff = std::max(diff, std::abs(a[i] - b[i]));
-    ref = std::max(ref, std::abs(b[i]));
-  }
-  return diff / ref;
+  return err_at_scale(a, b, 1.0);
+}
+
+// Gradients are judged at the scale of the largest of dq, dk, dv.
+inline double grad_scale(const oracle::BwdResult& r) {
+  return std::max({max_abs(r.dq), max_abs(r.dk), max_abs(r.dv)});
 }
 
 // Unit roundoff: half an ulp at 1, i.e. 2^-(significand bits).
@@ -345,6 +362,28 @@ inline Mask random_mask(std::mt19937_64& rng, std::int64_t nq, std::int64_t nk, 
     if (!meets) slices.push_back(s);
   }
   return Mask(nq, nk, std::move(slices));
+}
+
+// Packed causal documents of random lengths after 16 global tokens that every row sees.
+inline Mask packed_documents(std::mt19937_64& rng, std::int64_t n) {
+  std::vector<Slice> slices{Slice{{16, n}, {0, 16}, MaskType::kFull},
+                            Slice{{0, 16}, {0, 16}, MaskType::kCausal}};
+  for (std::int64_t start = 16; start < n;) {
+    const std::int64_t end =
+        std::min(n, start + std::uniform_int_distribution<std::int64_t>(1, n / 3)(rng));
+    slices.push_back(Slice{{start, end}, {start, end}, MaskType::kCausal});
+    start = end;
+  }
+  return Mask(n, n, std::move(slices));
+}
+
+// The given rows of a row-major [rows, width] array, concatenated.
+inline std::vector<double> pick_rows(const std::vector<double>& xs,
+                                     const std::vector<std::int64_t>& rows, std::int64_t width) {
+  std::vector<double> out;
+  for (std::int64_t r : rows)
+    out.insert(out.end(), xs.begin() + r * width, xs.begin() + (r + 1) * width);
+  return out;
 }
 
 }  // namespace magi::testing

@@ -323,6 +323,12 @@ TEST(AttentionValidation, NumThreadsMustNotBeNegative) {
   EXPECT_TRUE(throws_with(f, "num_threads: -2 must be >= 0"));
 }
 
+TEST(AttentionValidation, SmMarginMustNotBeNegative) {
+  Bwd b;
+  b.opts.sm_margin = -1;
+  EXPECT_TRUE(throws_with(b, "sm_margin: -1 must be >= 0"));
+}
+
 TEST(AttentionValidation, SinkLayoutNames) {
   EXPECT_EQ(sink_layout_from_name("sh"), SinkLayout::kSH);
   EXPECT_EQ(sink_layout_from_name("ssh"), SinkLayout::kSSH);

@@ -1,8 +1,6 @@
 // Document-length sampling: sums are exact, caps hold, draws are pinned per seed (portable
 // mapping, golden values), the built-in table is the published histogram, and CSV errors
 // name the file, the line and the field.
-#include "magi/doc_lengths.h"
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -11,6 +9,7 @@
 #include <numeric>
 #include <string>
 
+#include "magi/doc_lengths.h"
 #include "magi/error.h"
 #include "seed.h"
 

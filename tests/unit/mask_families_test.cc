@@ -1,14 +1,13 @@
 // Benchmark mask families: every name builds at edge and benchmark sizes with area > 0, the
 // random ones are pinned by their seed, the SPEC §4 parameters show in the built masks, and
 // bad names or parameters are errors that say what is wrong.
-#include "magi/mask_families.h"
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 
 #include "magi/error.h"
+#include "magi/mask_families.h"
 #include "seed.h"
 
 namespace magi {

@@ -242,19 +242,13 @@ TEST(Oracle, SampledRowsMatchTheDenseResult) {
     const std::vector<std::int64_t> q_rows{0, 7, 39, 13}, k_rows{49, 0, 21};
     const auto s = oracle::sampled(mask, p, q_rows, k_rows);
     const std::int64_t hq = 4, hkv = 2, d = 16;
-    auto pick = [](const std::vector<double>& xs, const std::vector<std::int64_t>& rows,
-                   std::int64_t width) {
-      std::vector<double> out;
-      for (std::int64_t r : rows)
-        out.insert(out.end(), xs.begin() + r * width, xs.begin() + (r + 1) * width);
-      return out;
-    };
+    using testing::pick_rows;
     const std::string note = testing::seed_note(seed) + " iteration " + std::to_string(it);
-    EXPECT_LE(testing::rel_err(s.out, pick(fwd.out, q_rows, hq * d)), 1e-14) << note;
-    EXPECT_LE(testing::rel_err(s.lse, pick(fwd.lse, q_rows, hq)), 1e-14) << note;
-    EXPECT_LE(testing::rel_err(s.dq, pick(bwd.dq, q_rows, hq * d)), 1e-13) << note;
-    EXPECT_LE(testing::rel_err(s.dk, pick(bwd.dk, k_rows, hkv * d)), 1e-13) << note;
-    EXPECT_LE(testing::rel_err(s.dv, pick(bwd.dv, k_rows, hkv * d)), 1e-13) << note;
+    EXPECT_LE(testing::rel_err(s.out, pick_rows(fwd.out, q_rows, hq * d)), 1e-14) << note;
+    EXPECT_LE(testing::rel_err(s.lse, pick_rows(fwd.lse, q_rows, hq)), 1e-14) << note;
+    EXPECT_LE(testing::rel_err(s.dq, pick_rows(bwd.dq, q_rows, hq * d)), 1e-13) << note;
+    EXPECT_LE(testing::rel_err(s.dk, pick_rows(bwd.dk, k_rows, hkv * d)), 1e-13) << note;
+    EXPECT_LE(testing::rel_err(s.dv, pick_rows(bwd.dv, k_rows, hkv * d)), 1e-13) << note;
   }
 }
 

@@ -9,6 +9,7 @@
 #include "../backend.h"
 #include "gemm.h"
 #include "io.h"
+#include "pack.h"
 #include "simd.h"
 #include "work.h"
 
@@ -17,28 +18,28 @@ namespace {
 
 template <typename T>
 struct FwdScratch {
-  // Q and O are [kBlockQ x ld_d]; K^T is [head_dim x kBlockK]; V is [kBlockK x ld_d];
-  // S (scores, then probabilities) is [kBlockQ x kBlockK]. ld_d = head_dim rounded up to the
-  // vector width, the padding kept zero so that whole vectors can be read.
-  std::int64_t ld_d;
-  Scratch<T> q, o, kt, v, s, m, l, row;
+  // Q and O are [kBlockQ x ld]; S (scores, then probabilities) is [kBlockQ x kBlockK].
+  // ld = head_dim rounded up to the vector width; the padding stays zero. The row sums l are
+  // kept as one vector per row, reduced once per task instead of once per key tile.
+  std::int64_t ld;
+  Scratch<T> q, o, s, m, l, row;
   explicit FwdScratch(std::int64_t head_dim)
-      : ld_d(round_up(head_dim, Simd<T>::kWidth)),
-        q(std::size_t(kBlockQ * ld_d)),
-        o(std::size_t(kBlockQ * ld_d)),
-        kt(std::size_t(head_dim * kBlockK)),
-        v(std::size_t(kBlockK * ld_d)),
+      : ld(round_up(head_dim, Simd<T>::kWidth)),
+        q(std::size_t(kBlockQ * ld)),
+        o(std::size_t(kBlockQ * ld)),
         s(std::size_t(kBlockQ * kBlockK)),
         m(kBlockQ),
-        l(kBlockQ),
-        row(std::size_t(ld_d)) {}
+        l(std::size_t(kBlockQ * Simd<T>::kWidth)),
+        row(std::size_t(ld)) {}
 };
 
 template <typename T>
 class Forward {
  public:
   Forward(const Mask& mask, const FwdArgs& args, const Resolved& r)
-      : mask_(mask), a_(args), r_(r), d_(r.dims.head_dim), group_(r.dims.heads_q / r.dims.heads_kv) {}
+      : mask_(mask), a_(args), r_(r), d_(r.dims.head_dim),
+        group_(r.dims.heads_q / r.dims.heads_kv), kt_(args.k, r.num_threads),
+        v_(args.v, T(1), r.num_threads) {}
 
   void run() {
     const std::vector<TileWork> tiles = query_tiles(mask_, kBlockQ);
@@ -61,30 +62,32 @@ class Forward {
   static constexpr int kW = S::kWidth;
 
   T run_task(const TileWork& tile, std::int64_t h, FwdScratch<T>& b) const {
-    const std::int64_t q0 = tile.rows.start, num_rows = tile.rows.size(), ld = b.ld_d;
+    const std::int64_t q0 = tile.rows.start, num_rows = tile.rows.size(), ld = b.ld;
     T* m = b.m.get();
     T* l = b.l.get();
-    T raw_max = kNegInf<T>;
-    for (std::int64_t i = 0; i < num_rows; ++i) {
-      m[i] = kNegInf<T>;
-      l[i] = 0;
-      std::fill_n(b.o.get() + i * ld, ld, T(0));
-    }
+    std::fill_n(m, num_rows, kNegInf<T>);
+    std::fill_n(l, num_rows * kW, T(0));
+    std::fill_n(b.o.get(), num_rows * ld, T(0));
     if (!tile.slices.empty())
       for (std::int64_t i = 0; i < num_rows; ++i)
         load_row<T>(a_.q, {q0 + i, h}, d_, T(r_.scale), b.q.get() + i * ld);
+    T raw_max = kNegInf<T>;
+    const std::int64_t g = h / group_;
     for (std::int32_t s_idx : tile.slices) {
       const Slice& s = mask_[std::size_t(s_idx)];
       const Range rows = tile.rows.intersect(s.q_range);
       const Range keys = keys_seen_by(s, rows);
-      for (std::int64_t k0 = keys.start; k0 < keys.end; k0 += kBlockK) {
-        const Range cols{k0, std::min(keys.end, k0 + kBlockK)};
+      for (std::int64_t t = keys.start / kBlockK; t * kBlockK < keys.end; ++t) {
+        const Range cols = keys.intersect(Range{t * kBlockK, (t + 1) * kBlockK});
         const Range tile_rows = rows.intersect(rows_seeing(s, cols));
         if (tile_rows.empty()) continue;
         const TileClass cls = classify(s, tile_rows, cols);
         if (cls == TileClass::kEmpty) continue;
-        pack_kv(cols, h / group_, b);
-        raw_max = std::max(raw_max, key_tile(s, tile_rows, cols, cls, tile_rows.start - q0, b));
+        const TileCols tc = tile_cols<T>(t, cols);
+        const T x = key_tile(s, tile_rows, tile_rows.start - q0, cols, tc,
+                             cls == TileClass::kPartial || tc.widened, kt_.tile(g, t) + tc.c0,
+                             v_.row(g, cols.start), b);
+        raw_max = std::max(raw_max, x);
       }
     }
     finish_rows(tile.rows, h, b);
@@ -93,80 +96,57 @@ class Forward {
     return raw_max;
   }
 
-  // K^T [d x nk_pad] (columns past nk zero) and V [nk x ld_d] of kv head g.
-  void pack_kv(Range cols, std::int64_t g, FwdScratch<T>& b) const {
-    const std::int64_t nk = cols.size(), nk_pad = round_up(nk, kW);
-    T* kt = b.kt.get();
-    T* row = b.row.get();
-    for (std::int64_t j = 0; j < nk; ++j) {
-      load_row<T>(a_.k, {cols.start + j, g}, d_, T(1), row);
-      for (std::int64_t c = 0; c < d_; ++c) kt[c * nk_pad + j] = row[c];
-      load_row<T>(a_.v, {cols.start + j, g}, d_, T(1), b.v.get() + j * b.ld_d);
-    }
-    for (std::int64_t c = 0; c < d_; ++c)
-      for (std::int64_t j = nk; j < nk_pad; ++j) kt[c * nk_pad + j] = 0;
-  }
-
-  // One key tile of one slice for rows `rows` (first at scratch row r0): scores, masking,
-  // online softmax update, O += P V. Returns the max raw logit seen (softcap only).
-  T key_tile(const Slice& s, Range rows, Range cols, TileClass cls, std::int64_t r0,
-             FwdScratch<T>& b) const {
-    const std::int64_t nr = rows.size(), nk = cols.size(), nk_pad = round_up(nk, kW);
-    const std::int64_t ld = b.ld_d;
+  // One key tile of one slice for rows `rows` (first at scratch row r0): scores against
+  // packed columns tc (K^T at kt, row stride kBlockK), masking, online softmax update, then
+  // O += P V over exactly `cols` (V rows from v). Returns the max raw logit (softcap only).
+  T key_tile(const Slice& s, Range rows, std::int64_t r0, Range cols, const TileCols& tc,
+             bool masked, const T* kt, const T* v, FwdScratch<T>& b) const {
+    const std::int64_t nr = rows.size(), width = tc.width(), ld = b.ld;
     T* sc = b.s.get();
-    gemm<T, false>(nr, nk_pad, d_, b.q.get() + r0 * ld, ld, 1, b.kt.get(), nk_pad, sc, nk_pad);
-    for (std::int64_t i = 0; i < nr; ++i) {
-      T* row = sc + i * nk_pad;
-      if (cls == TileClass::kPartial) {
-        const Range vis = visible_keys(s, rows.start + i).intersect(cols);
-        const std::int64_t lo = vis.empty() ? 0 : vis.start - cols.start;
-        const std::int64_t hi = vis.empty() ? 0 : vis.end - cols.start;
-        std::fill(row, row + lo, kNegInf<T>);
-        std::fill(row + hi, row + nk, kNegInf<T>);
-      }
-      std::fill(row + nk, row + nk_pad, kNegInf<T>);
-    }
+    gemm<T, false>(nr, width, d_, b.q.get() + r0 * ld, ld, 1, kt, kBlockK, sc, width);
+    if (masked)
+      for (std::int64_t i = 0; i < nr; ++i)
+        mask_row(s, rows.start + i, cols, tc.base(), width, sc + i * width);
     T raw_max = kNegInf<T>;
-    if (r_.softcap > 0) raw_max = apply_softcap(sc, nr, nk, nk_pad);
+    if (r_.softcap > 0) raw_max = apply_softcap(sc, nr * width);
     T* m = b.m.get() + r0;
-    T* l = b.l.get() + r0;
+    T* l = b.l.get() + r0 * kW;
     for (std::int64_t i = 0; i < nr; ++i) {
-      T* row = sc + i * nk_pad;
+      T* row = sc + i * width;
       V vmax = S::load(row);
-      for (std::int64_t j = kW; j < nk_pad; j += kW) vmax = S::max(vmax, S::load(row + j));
+      for (std::int64_t j = kW; j < width; j += kW) vmax = S::max(vmax, S::load(row + j));
       const T m_new = std::max(m[i], S::reduce_max(vmax));
       // A row with nothing visible so far: P is all zero (exp(-inf) = 0); subtracting 0
       // instead of -inf avoids -inf - -inf = NaN.
       const V shift = S::splat(m_new == kNegInf<T> ? T(0) : m_new);
       V vsum{};
-      for (std::int64_t j = 0; j < nk_pad; j += kW) {
+      for (std::int64_t j = 0; j < width; j += kW) {
         const V p = S::exp(S::load(row + j) - shift);
         S::store(row + j, p);
         vsum += p;
       }
       const T alpha = m[i] == m_new ? T(1) : std::exp(m[i] - m_new);
-      l[i] = l[i] * alpha + S::reduce_sum(vsum);
+      S::store(l + i * kW, S::load(l + i * kW) * alpha + vsum);
       m[i] = m_new;
       if (alpha != T(1)) {
         T* o = b.o.get() + (r0 + i) * ld;
         for (std::int64_t c = 0; c < ld; c += kW) S::store(o + c, S::load(o + c) * alpha);
       }
     }
-    gemm<T, true>(nr, ld, nk, sc, nk_pad, 1, b.v.get(), ld, b.o.get() + r0 * ld, ld);
+    gemm<T, true>(nr, ld, cols.size(), sc + (cols.start - tc.base()), width, 1, v, ld,
+                  b.o.get() + r0 * ld, ld);
     return raw_max;
   }
 
   // x = c * tanh(x / c) on visible cells; returns the max pre-softcap logit.
-  T apply_softcap(T* sc, std::int64_t nr, std::int64_t nk, std::int64_t nk_pad) const {
+  T apply_softcap(T* sc, std::int64_t n) const {
     const T cap = T(r_.softcap), inv_cap = T(1) / cap;
     T raw_max = kNegInf<T>;
-    for (std::int64_t i = 0; i < nr; ++i)
-      for (std::int64_t j = 0; j < nk; ++j) {
-        T& x = sc[i * nk_pad + j];
-        if (x == kNegInf<T>) continue;
-        raw_max = std::max(raw_max, x);
-        x = cap * std::tanh(x * inv_cap);
-      }
+    for (std::int64_t j = 0; j < n; ++j) {
+      if (sc[j] == kNegInf<T>) continue;
+      raw_max = std::max(raw_max, sc[j]);
+      sc[j] = cap * std::tanh(sc[j] * inv_cap);
+    }
     return raw_max;
   }
 
@@ -177,7 +157,7 @@ class Forward {
     const bool acc = r_.accumulate;
     for (std::int64_t i = 0; i < rows.size(); ++i) {
       const std::int64_t q = rows.start + i;
-      const T m = b.m.get()[i], l = b.l.get()[i];
+      const T m = b.m.get()[i], l = S::reduce_sum(S::load(b.l.get() + i * kW));
       const T lse_b = l > 0 ? m + std::log(l) : kNegInf<T>;
       const T lse_a = acc ? load_scalar<T>(a_.lse, {q, h}) : kNegInf<T>;
       const T lse_s = a_.sink ? lse_sink(q, h) : kNegInf<T>;
@@ -187,7 +167,7 @@ class Forward {
       if (top != kNegInf<T>)
         lse = top + std::log(std::exp(lse_a - top) + std::exp(lse_b - top) +
                              std::exp(lse_s - top));
-      T* o = b.o.get() + i * b.ld_d;
+      T* o = b.o.get() + i * b.ld;
       if (lse == kNegInf<T>) {
         std::fill_n(o, d_, T(0));
       } else {
@@ -236,6 +216,8 @@ class Forward {
   const FwdArgs& a_;
   const Resolved& r_;
   const std::int64_t d_, group_;
+  const TilePack<T> kt_;  // K^T per key tile
+  const RowPack<T> v_;    // V rows
 };
 
 }  // namespace

@@ -4,7 +4,9 @@
 // S = 2048. A packed tile is contiguous, so the micro-kernel streams it with prefetch.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <vector>
 
 #include "io.h"
 #include "simd.h"
@@ -51,7 +53,7 @@ class TilePack {
     const std::int64_t n = x.shape[0];
 #pragma omp parallel num_threads(num_threads)
     {
-      std::vector<T> row(std::size_t(d_));
+      std::vector<T> row(static_cast<std::size_t>(d_));
 #pragma omp for collapse(2) schedule(static)
       for (std::int64_t h = 0; h < heads_; ++h)
         for (std::int64_t t = 0; t < num_tiles_; ++t) {
@@ -92,6 +94,17 @@ inline TileCols tile_cols(std::int64_t t, Range cols) {
   tc.c1 = std::min(kBlockK, round_up(cols.end - tc.start, kW));
   tc.widened = tc.base() != cols.start || tc.start + tc.c1 != cols.end;
   return tc;
+}
+
+// Sets row[j] = -inf where key base + j is not seen by row q of s within cols (j < width).
+template <typename T>
+inline void mask_row(const Slice& s, std::int64_t q, Range cols, std::int64_t base,
+                     std::int64_t width, T* row) {
+  const Range vis = visible_keys(s, q).intersect(cols);
+  const std::int64_t lo = vis.empty() ? 0 : vis.start - base;
+  const std::int64_t hi = vis.empty() ? 0 : vis.end - base;
+  std::fill(row, row + lo, kNegInf<T>);
+  std::fill(row + hi, row + width, kNegInf<T>);
 }
 
 }  // namespace magi::kernels::cpu

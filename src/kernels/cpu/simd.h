@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <limits>
 #include <type_traits>
+#include <utility>
 
 namespace magi::kernels::cpu {
 
@@ -30,15 +31,15 @@ struct Simd {
   static V splat(T x) { return x - V{}; }  // x - 0 == x for every x, so it folds
   static V max(V a, V b) { return a > b ? a : b; }
 
+  // Tree reductions (log2(width) shuffles): a serial lane-by-lane sum is 15 dependent adds,
+  // ~60 cycles per row and key tile, which measured 10% of forward time.
   static T reduce_max(V v) {
-    T m = v[0];
-    for (int i = 1; i < kWidth; ++i) m = v[i] > m ? v[i] : m;
-    return m;
+    for_each_stride([&](auto stride) { v = max(v, swap_lanes<stride>(v)); });
+    return v[0];
   }
   static T reduce_sum(V v) {
-    T s = v[0];
-    for (int i = 1; i < kWidth; ++i) s += v[i];
-    return s;
+    for_each_stride([&](auto stride) { v += swap_lanes<stride>(v); });
+    return v[0];
   }
 
   // exp(x), meant for x <= 0 (scores minus their row max or lse): exactly 0 below the
@@ -72,6 +73,21 @@ struct Simd {
   }
 
  private:
+  // Lane i takes lane i ^ kStride.
+  template <int kStride>
+  static V swap_lanes(V v) {
+    return [&]<std::size_t... I>(std::index_sequence<I...>) {
+      return __builtin_shufflevector(v, v, (int(I) ^ kStride)...);
+    }(std::make_index_sequence<kWidth>());
+  }
+  // f(integral_constant stride) for stride = width / 2, ..., 2, 1.
+  template <typename F>
+  static void for_each_stride(F&& f) {
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (f(std::integral_constant<int, (kWidth >> (I + 1))>{}), ...);
+    }(std::make_index_sequence<std::bit_width(unsigned(kWidth)) - 1>());
+  }
+
   static constexpr T factorial(int k) {
     T f = 1;
     for (int i = 2; i <= k; ++i) f *= T(i);
