@@ -21,7 +21,8 @@ magi_cli_test(run_softcap_sink_json 0 "\"pass\":true" run --seqlen 1024 --mask s
 magi_cli_test(mask_print 0 "slices +[0-9]+.*area.*#" mask --mask varlen-block-causal --seqlen
               8192 --block 512)
 magi_cli_test(mask_save 0 "saved" mask --mask block-sparse --seqlen 1024 --save ${mask_json})
-magi_cli_test(run_mask_file 0 "mask +file .*result +PASS" run --mask-file ${mask_json} --head-dim 64)
+magi_cli_test(run_mask_file 0 "mask +file .*result +PASS" run --mask-file ${mask_json}
+              --head-dim 64)
 set_tests_properties(cli.mask_save PROPERTIES FIXTURES_SETUP cli_mask_json)
 set_tests_properties(cli.run_mask_file PROPERTIES FIXTURES_REQUIRED cli_mask_json)
 
@@ -33,6 +34,7 @@ magi_cli_test(missing_mask_file 2 "magiattn: error: .*does-not-exist\\.json" mas
               ${CMAKE_CURRENT_BINARY_DIR}/does-not-exist.json)
 magi_cli_test(bad_dtype 2 "magiattn: error: .*int8" run --dtype int8)
 magi_cli_test(bad_seqlen 2 "magiattn: error: .*--seqlen" run --seqlen -5)
-magi_cli_test(bad_heads 2 "magiattn: error: q: 6 heads are not a multiple of the 4" run --seqlen 256 --heads-q 6 --heads-kv 4)
+magi_cli_test(bad_heads 2 "magiattn: error: q: 6 heads are not a multiple of the 4" run
+              --seqlen 256 --heads-q 6 --heads-kv 4)
 magi_cli_test(mask_and_file_conflict 2 "magiattn: error: .*excludes" run --mask causal --mask-file
               x.json)

@@ -30,14 +30,8 @@ inline double round_to(DType t, double x) {
   return x;
 }
 
-inline std::vector<double> rounded(DType t, std::vector<double> xs) {
-  for (double& x : xs) x = round_to(t, x);
-  return xs;
-}
-
 class Buffer {
  public:
-  Buffer() = default;
   // kPadded pads every non-last dim by an odd amount (unaligned rows); kHeadMajor lays a
   // [N, H, D] tensor out as [H, N, D] in memory. Both keep the last-dim stride 1.
   Buffer(DType dtype, std::vector<std::int64_t> shape, Layout layout = Layout::kContiguous) {

@@ -1,2 +1,0 @@
-src/CMakeFiles/magi_kernels.dir/kernels/attention.cc.o: \
- /work/main/src/kernels/attention.cc /usr/include/stdc-predef.h

@@ -1,3 +1,0 @@
-file(REMOVE_RECURSE
-  "libmagi_mask.a"
-)

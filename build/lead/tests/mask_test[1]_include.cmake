@@ -1,5 +1,0 @@
-if(EXISTS "/work/main/build/lead/tests/mask_test[1]_tests.cmake")
-  include("/work/main/build/lead/tests/mask_test[1]_tests.cmake")
-else()
-  add_test(mask_test_NOT_BUILT mask_test_NOT_BUILT)
-endif()

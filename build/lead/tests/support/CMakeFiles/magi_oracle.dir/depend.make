@@ -1,2 +1,0 @@
-# Empty dependencies file for magi_oracle.
-# This may be replaced when dependencies are built.
