@@ -25,8 +25,9 @@ std::string cat(const Args&... args) {
 
 template <typename... Args>
 [[noreturn]] void fail(const char* file, int line, const char* expr, const Args&... args) {
-  throw Error(cat(args...) + " (check `" + expr + "` failed at " + file + ":" +
-              std::to_string(line) + ")");
+  const std::string where = std::string(file) + ":" + std::to_string(line);
+  throw Error(cat(args...) + (expr ? " (check `" + std::string(expr) + "` failed at " + where + ")"
+                                   : " (at " + where + ")"));
 }
 
 }  // namespace detail
@@ -37,6 +38,9 @@ template <typename... Args>
   do {                                                                 \
     if (!(cond)) ::magi::detail::fail(__FILE__, __LINE__, #cond, __VA_ARGS__); \
   } while (0)
+
+// MAGI_FAIL(msg...): throw unconditionally (for ends of functions the compiler must see as noreturn).
+#define MAGI_FAIL(...) ::magi::detail::fail(__FILE__, __LINE__, nullptr, __VA_ARGS__)
 
 // Internal invariants: checked in debug builds only.
 #ifdef NDEBUG

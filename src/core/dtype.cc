@@ -26,7 +26,7 @@ DType dtype_from_name(std::string_view name) {
   if (s == "fp64" || s == "float64" || s == "double") return DType::kF64;
   if (s == "bf16" || s == "bfloat16") return DType::kBF16;
   if (s == "fp16" || s == "float16" || s == "half") return DType::kF16;
-  MAGI_CHECK(false, "unknown dtype '", name, "' (expected fp32, fp64, bf16 or fp16)");
+  MAGI_FAIL("unknown dtype '", name, "' (expected fp32, fp64, bf16 or fp16)");
 }
 
 float to_float(F16 x) {

@@ -162,7 +162,7 @@ void check_accumulable(const TensorView& t, const char* name, const kernels::Res
 SinkLayout sink_layout_from_name(std::string_view name) {
   if (name == "sh") return SinkLayout::kSH;
   if (name == "ssh") return SinkLayout::kSSH;
-  MAGI_CHECK(false, "sink layout '", name, "' is not \"sh\" or \"ssh\"");
+  MAGI_FAIL("sink layout '", name, "' is not \"sh\" or \"ssh\"");
 }
 
 double attn_fwd_flops(std::int64_t area, std::int64_t num_heads_q, std::int64_t head_dim) {

@@ -93,7 +93,7 @@ Mask mask_from_json(std::string_view text) {
   try {
     root = json::parse(text);
   } catch (const json::parse_error& e) {
-    MAGI_CHECK(false, "mask JSON is not valid JSON: ", e.what());
+    MAGI_FAIL("mask JSON is not valid JSON: ", e.what());
   }
   MAGI_CHECK(root.is_object(), "mask JSON: expected an object at the top level, got ",
              root.type_name());

@@ -24,12 +24,6 @@ std::vector<std::int64_t> keys_of_row(const Mask& mask, std::int64_t q) {
   return keys;
 }
 
-bool sees(const Mask& mask, std::int64_t q, std::int64_t k) {
-  for (const Slice& s : mask.slices())
-    if (s.q_range.contains(q) && s.k_range.contains(k) && visible(s, q, k)) return true;
-  return false;
-}
-
 double dot(const double* a, const double* b, std::int64_t n) {
   double acc = 0;
   for (std::int64_t i = 0; i < n; ++i) acc += a[i] * b[i];
@@ -219,7 +213,7 @@ RowResult sampled(const Mask& mask, const Problem& p, const std::vector<std::int
 #pragma omp parallel for schedule(dynamic, 64)
   for (std::int64_t i = 0; i < p.num_q; ++i)
     for (std::int64_t j : k_rows)
-      if (sees(mask, i, j)) needed[i] = 1;
+      if (mask.visible(i, j)) needed[i] = 1;
   std::vector<double> lse(p.num_q * hq, kNegInf), delta(p.num_q * hq, 0.0);
 #pragma omp parallel for schedule(dynamic)
   for (std::int64_t i = 0; i < p.num_q; ++i) {
@@ -236,7 +230,7 @@ RowResult sampled(const Mask& mask, const Problem& p, const std::vector<std::int
   for (std::int64_t n = 0; n < nk_rows; ++n) {
     const std::int64_t j = k_rows[n];
     for (std::int64_t i = 0; i < p.num_q; ++i) {
-      if (!needed[i] || !sees(mask, i, j)) continue;
+      if (!needed[i] || !mask.visible(i, j)) continue;
       for (std::int64_t h = 0; h < hq; ++h) {
         const CellGrad g = cell_grad(c, i, j, h, lse[i * hq + h], delta[i * hq + h]);
         const std::int64_t kv = (n * hkv + h / c.group) * d;

@@ -27,7 +27,7 @@ inline void micro_kernel(std::int64_t k, const T* a, std::int64_t a_row, std::in
   for (std::int64_t p = 0; p < k; ++p) {
     V bv[kVecs];
 #pragma GCC unroll 4
-    for (int v = 0; v < kVecs; ++v) bv[v] = S::load(b + p * ldb + v * S::kWidth);
+    for (int v = 0; v < kVecs; ++v) bv[v] = S::loadu(b + p * ldb + v * S::kWidth);
     const T* ap = a + p * a_col;
 #pragma GCC unroll 16
     for (int i = 0; i < kRows; ++i) {
@@ -64,9 +64,10 @@ inline void row_block(int rows, std::int64_t k, const T* a, std::int64_t a_row,
   }
 }
 
-// C[m x n] (+)= A[m x k] * B[k x n]. n is a multiple of the vector width; B and C rows are
-// vector aligned (ldb, ldc multiples of the width). Column blocks outside, rows inside, so a
-// block of B (k x 2W: 16 KiB at k = 128, fp32) stays in L1 while all rows of A stream by.
+// C[m x n] (+)= A[m x k] * B[k x n]. n is a multiple of the vector width; C rows are vector
+// aligned (scratch); B rows may lie anywhere (often the caller's own V, K or dO rows). Column
+// blocks outside, rows inside, so a block of B (k x 2W: 16 KiB at k = 128, fp32) stays in L1
+// while all rows of A stream by.
 template <typename T, bool kAccumulate>
 void gemm(std::int64_t m, std::int64_t n, std::int64_t k, const T* a, std::int64_t a_row,
           std::int64_t a_col, const T* b, std::int64_t ldb, T* c, std::int64_t ldc) {

@@ -6,6 +6,7 @@
 
 #include <bit>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 #include <utility>
@@ -25,8 +26,14 @@ struct Simd {
   typedef Int VI __attribute__((vector_size(kVecBytes), aligned(kVecBytes)));
   static constexpr int kWidth = kVecBytes / int(sizeof(T));
 
-  // Aligned load/store: every scratch row is padded to kWidth and 64-byte aligned.
+  // Aligned load/store for scratch (64-byte aligned, rows padded to kWidth); loadu for rows
+  // read in place from the caller's tensors.
   static V load(const T* p) { return *reinterpret_cast<const V*>(p); }
+  static V loadu(const T* p) {
+    V v;
+    std::memcpy(&v, p, sizeof(V));
+    return v;
+  }
   static void store(T* p, V v) { *reinterpret_cast<V*>(p) = v; }
   static V splat(T x) { return x - V{}; }  // x - 0 == x for every x, so it folds
   static V max(V a, V b) { return a > b ? a : b; }

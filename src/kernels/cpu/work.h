@@ -4,6 +4,7 @@
 // no two threads ever write one row and results do not depend on the thread count.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -48,13 +49,14 @@ Range rows_seeing(const Slice& s, Range keys);
 
 inline std::int64_t round_up(std::int64_t x, std::int64_t m) { return (x + m - 1) / m * m; }
 
-// A 64-byte aligned, zero-initialised array for per-thread scratch.
+// A 64-byte aligned array, zero-initialised unless the owner writes every element itself
+// (a 16 MiB pack zeroed first costs a second pass over memory).
 template <typename T>
 class Scratch {
  public:
-  explicit Scratch(std::size_t n)
+  explicit Scratch(std::size_t n, bool zero = true)
       : data_(static_cast<T*>(::operator new[](n * sizeof(T) + 64, std::align_val_t(64)))) {
-    for (std::size_t i = 0; i < n; ++i) data_.get()[i] = T(0);
+    if (zero) std::fill_n(data_.get(), n, T(0));
   }
   T* get() const { return data_.get(); }
 
