@@ -1,7 +1,8 @@
 // CPU FFA forward/backward throughput against OpenBLAS sgemm, measured in one process with the
 // same thread count: sgemm at the attention's own shape (M = N = seqlen, K = hdim, what QK^T
-// would cost as one product) and square 4096^3. Median of --iters after one warm-up run;
-// FLOPs over the visible area only (SPEC §4: fwd = 4 * area * Hq * D, bwd = 2.5 * fwd).
+// would cost as one product) and square 4096^3. The shaped sgemm runs interleaved with the
+// attention passes, iteration by iteration, so that a busy shared machine slows both alike;
+// medians of --iters after a warm-up. FLOPs over the visible area (SPEC §4).
 #include <cblas.h>
 #include <omp.h>
 
@@ -37,28 +38,42 @@ struct Flags {
   std::string json;
 };
 
-double median_seconds(int iters, const std::function<void()>& fn) {
-  fn();  // warm-up: page faults, thread pool start, caches
-  std::vector<double> times;
-  for (int i = 0; i < iters; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    fn();
-    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+double seconds(const std::function<void()>& fn) {
+  const auto t0 = std::chrono::steady_clock::now();
+  fn();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-double sgemm_gflops(std::int64_t m, std::int64_t n, std::int64_t k, int iters) {
-  std::vector<float> a(std::size_t(m * k), 0.5f), b(std::size_t(n * k), 0.25f),
-      c(std::size_t(m * n));
-  // C = A B^T with both operands row-major [rows x k]: the shape of Q K^T.
-  const double s = median_seconds(iters, [&] {
+double median(std::vector<double> xs) {
+  std::sort(xs.begin(), xs.end());
+  return xs[xs.size() / 2];
+}
+
+// Median seconds of each function over `iters` rounds, the functions interleaved within a
+// round; one untimed warm-up round first (page faults, thread pools, caches).
+std::vector<double> interleaved_medians(int iters, const std::vector<std::function<void()>>& fns) {
+  for (const auto& fn : fns) fn();
+  std::vector<std::vector<double>> times(fns.size());
+  for (int i = 0; i < iters; ++i)
+    for (std::size_t f = 0; f < fns.size(); ++f) times[f].push_back(seconds(fns[f]));
+  std::vector<double> medians;
+  for (const auto& t : times) medians.push_back(median(t));
+  return medians;
+}
+
+// C = A B^T with both operands row-major [rows x k]: the shape of Q K^T.
+struct Sgemm {
+  std::int64_t m, n, k;
+  std::vector<float> a, b, c;
+  Sgemm(std::int64_t m_, std::int64_t n_, std::int64_t k_)
+      : m(m_), n(n_), k(k_), a(std::size_t(m * k), 0.5f), b(std::size_t(n * k), 0.25f),
+        c(std::size_t(m * n)) {}
+  void operator()() {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, int(m), int(n), int(k), 1.0f, a.data(),
                 int(k), b.data(), int(k), 0.0f, c.data(), int(n));
-  });
-  return 2.0 * double(m) * double(n) * double(k) / s / 1e9;
-}
+  }
+  double flops() const { return 2.0 * double(m) * double(n) * double(k); }
+};
 
 // Random values of the given dtype, contiguous [n, h, d].
 struct Tensor {
@@ -126,13 +141,14 @@ int main(int argc, char** argv) {
               corename == "Prescott" ? " (generic SSE3: set OPENBLAS_CORETYPE=SkylakeX for "
                                        "a fair AVX-512 baseline)"
                                      : "");
-  const double gemm_shape = sgemm_gflops(f.seqlen, f.seqlen, f.hdim, f.iters);
-  const double gemm_square = sgemm_gflops(4096, 4096, 4096, f.iters);
-  std::printf("sgemm %lldx%lldx%lld: %8.1f GFLOP/s\nsgemm 4096x4096x4096: %8.1f GFLOP/s\n\n",
-              (long long)f.seqlen, (long long)f.seqlen, (long long)f.hdim, gemm_shape,
-              gemm_square);
-  std::printf("%-16s %12s %10s %10s %8s %10s %10s %8s\n", "mask", "area", "fwd ms", "fwd GF/s",
-              "/sgemm", "bwd ms", "bwd GF/s", "/sgemm");
+  Sgemm square(4096, 4096, 4096), shaped(f.seqlen, f.seqlen, f.hdim);
+  const double square_s = interleaved_medians(f.iters, {std::ref(square)})[0];
+  const double square_gf = square.flops() / square_s / 1e9;
+  std::printf("sgemm 4096x4096x4096: %.1f GFLOP/s\n", square_gf);
+  std::printf("sgemm %lldx%lldx%lld (interleaved with each mask below)\n\n", (long long)f.seqlen,
+              (long long)f.seqlen, (long long)f.hdim);
+  std::printf("%-14s %10s %8s %8s %9s %6s %8s %9s %6s\n", "mask", "area", "sgemm", "fwd ms",
+              "fwd GF/s", "/gemm", "bwd ms", "bwd GF/s", "/gemm");
 
   nlohmann::json results = nlohmann::json::array();
   std::mt19937_64 rng(f.seed);
@@ -153,20 +169,23 @@ int main(int argc, char** argv) {
     const magi::Mask mask = magi::build_family(spec);
     const double flops = magi::attn_fwd_flops(mask.area(), hq, f.hdim);
     const magi::FwdArgs fwd{q.view, k.view, v.view, out.view, lse_view, {}, {}};
-    const double fwd_s = median_seconds(f.iters, [&] { magi::attn_forward(mask, fwd, opts); });
-    double bwd_s = 0;
-    if (f.backward) {
-      const magi::BwdArgs bwd{dout.view, q.view,  k.view,  v.view, out.view,
-                              lse_view,  dq.view, dk.view, dv.view, {}, {}};
-      bwd_s = median_seconds(f.iters, [&] { magi::attn_backward(mask, bwd, opts); });
-    }
-    const double fwd_gf = flops / fwd_s / 1e9;
-    const double bwd_gf = f.backward ? 2.5 * flops / bwd_s / 1e9 : 0;
-    std::printf("%-16s %12lld %10.2f %10.1f %7.0f%% %10.2f %10.1f %7.0f%%\n", family.c_str(),
-                (long long)mask.area(), fwd_s * 1e3, fwd_gf, 100 * fwd_gf / gemm_shape,
-                bwd_s * 1e3, bwd_gf, 100 * bwd_gf / gemm_shape);
-    results.push_back({{"mask", family}, {"area", mask.area()}, {"fwd_ms", fwd_s * 1e3},
-                       {"fwd_gflops", fwd_gf}, {"bwd_ms", bwd_s * 1e3}, {"bwd_gflops", bwd_gf}});
+    const magi::BwdArgs bwd{dout.view, q.view,  k.view,  v.view, out.view,
+                            lse_view,  dq.view, dk.view, dv.view, {}, {}};
+    std::vector<std::function<void()>> fns = {std::ref(shaped),
+                                              [&] { magi::attn_forward(mask, fwd, opts); }};
+    if (f.backward) fns.push_back([&] { magi::attn_backward(mask, bwd, opts); });
+    const std::vector<double> t = interleaved_medians(f.iters, fns);
+    const double gemm_gf = shaped.flops() / t[0] / 1e9;
+    const double fwd_gf = flops / t[1] / 1e9;
+    const double bwd_gf = f.backward ? 2.5 * flops / t[2] / 1e9 : 0;
+    const double bwd_ms = f.backward ? t[2] * 1e3 : 0;
+    std::printf("%-14s %10lld %8.1f %8.1f %9.1f %5.0f%% %8.1f %9.1f %5.0f%%\n", family.c_str(),
+                (long long)mask.area(), gemm_gf, t[1] * 1e3, fwd_gf, 100 * fwd_gf / gemm_gf,
+                bwd_ms, bwd_gf, 100 * bwd_gf / gemm_gf);
+    results.push_back({{"mask", family},          {"area", mask.area()},
+                       {"sgemm_gflops", gemm_gf}, {"fwd_ms", t[1] * 1e3},
+                       {"fwd_gflops", fwd_gf},    {"bwd_ms", bwd_ms},
+                       {"bwd_gflops", bwd_gf}});
   }
 
   if (!f.json.empty()) {
@@ -176,7 +195,7 @@ int main(int argc, char** argv) {
         {"seqlen", f.seqlen},             {"hdim", f.hdim},
         {"heads_q", hq},                  {"heads_kv", hkv},
         {"dtype", f.dtype},               {"iters", f.iters},
-        {"sgemm_shape_gflops", gemm_shape}, {"sgemm_4096_gflops", gemm_square},
+        {"sgemm_4096_gflops", square_gf},
         {"results", results}};
     std::ofstream(f.json) << doc.dump(2) << "\n";
   }

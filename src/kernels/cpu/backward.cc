@@ -1,5 +1,5 @@
 // CPU FFA backward in two race-free passes, so no row is ever written by two threads and the
-// result is bitwise independent of the thread count: dq per (64-row query tile, q head), then
+// result is bitwise independent of the thread count: dq per (256-row query tile, q head), then
 // dk/dv per (64-key tile, kv head) over every q head of its group. Each pass recomputes
 // P = exp(x - lse) from the final lse (and Delta = rowsum(out * dout), precomputed per row);
 // the cost is one extra QK^T and dO V^T, 14 D FLOPs per visible cell where FA2 spends 10 D.
@@ -37,8 +37,8 @@ class Backward {
       : mask_(mask), a_(args), r_(r), d_(r.dims.head_dim), nq_(r.dims.num_q),
         hq_(r.dims.heads_q), group_(r.dims.heads_q / r.dims.heads_kv),
         q_(args.q, T(r.scale), r.num_threads), do_(args.dout, T(1), r.num_threads),
-        k_(args.k, T(1), r.num_threads), kt_(args.k, r.num_threads),
-        vt_(args.v, r.num_threads), ld_(q_.ld()) {}
+        k_(args.k, T(1), r.num_threads),
+        kt_(args.k, r.num_threads), vt_(args.v, r.num_threads), ld_(q_.width()) {}
 
   void run() {
     prepare_rows();
@@ -74,15 +74,13 @@ class Backward {
     {
       std::vector<T> o(static_cast<std::size_t>(d_));
 #pragma omp for collapse(2) schedule(static)
-      for (std::int64_t h = 0; h < hq_; ++h)
-        for (std::int64_t q = 0; q < nq_; ++q) {
+      for (std::int64_t q = 0; q < nq_; ++q)  // memory order of out [Nq, Hq, D]
+        for (std::int64_t h = 0; h < hq_; ++h) {
           load_row<T>(a_.out, {q, h}, d_, T(1), o.data());
-          const T* g = do_.row(h, q);
-          // The same FMA chain as the micro-kernel's dP = dO V^T, so that a row with one
-          // visible key (out = v) gets dP - Delta = 0 exactly, not rounding noise.
-          T sum = 0;
-          for (std::int64_t c = 0; c < d_; ++c) sum = std::fma(o[std::size_t(c)], g[c], sum);
-          delta_[at(h, q)] = sum;
+          const T* g = do_.at(h, q);
+          // Rounded like the micro-kernel's dP = dO V^T, so that a row with one visible key
+          // (out = v) gets dP - Delta = 0 exactly rather than rounding noise.
+          delta_[at(h, q)] = dot_like_gemm(o.data(), g, d_);
           lse_[at(h, q)] = load_scalar<T>(a_.lse, {q, h});
         }
     }
@@ -95,8 +93,9 @@ class Backward {
     const std::int64_t nr = rows.size(), width = tc.width();
     T* p = b.p.get();
     T* dp = b.dp.get();
-    gemm<T, false>(nr, width, d_, q_.row(h, rows.start), ld_, 1, kt, kBlockK, p, width);
-    gemm<T, false>(nr, width, d_, do_.row(h, rows.start), ld_, 1, vt, kBlockK, dp, width);
+    gemm<T, false>(nr, width, d_, q_.at(h, rows.start), q_.stride(), 1, kt, kBlockK, p, width);
+    gemm<T, false>(nr, width, d_, do_.at(h, rows.start), do_.stride(), 1, vt, kBlockK, dp,
+                   width);
     const bool softcap = r_.softcap > 0;
     const T cap = T(r_.softcap), inv_cap = T(1) / cap;
     for (std::int64_t i = 0; i < nr; ++i) {
@@ -149,7 +148,7 @@ class Backward {
               kt_.tile(g, t) + tc.c0, vt_.tile(g, t) + tc.c0, b);
         // dq += dS K over exactly `cols`.
         gemm<T, true>(tile_rows.size(), ld_, cols.size(), b.dp.get() + (cols.start - tc.base()),
-                      tc.width(), 1, k_.row(g, cols.start), ld_,
+                      tc.width(), 1, k_.at(g, cols.start), k_.stride(),
                       dq + (tile_rows.start - q0) * ld_, ld_);
       }
     }
@@ -181,9 +180,9 @@ class Backward {
           T* dv_rows = dv + (cols.start - k0) * ld_;
           T* dk_rows = dk + (cols.start - k0) * ld_;
           gemm<T, true>(cols.size(), ld_, q_rows.size(), b.p.get() + off, 1, tc.width(),
-                        do_.row(h, q0), ld_, dv_rows, ld_);
+                        do_.at(h, q0), do_.stride(), dv_rows, ld_);
           gemm<T, true>(cols.size(), ld_, q_rows.size(), b.dp.get() + off, 1, tc.width(),
-                        q_.row(h, q0), ld_, dk_rows, ld_);
+                        q_.at(h, q0), q_.stride(), dk_rows, ld_);
         }
       }
     for (std::int64_t j = 0; j < tile.rows.size(); ++j) {
@@ -224,7 +223,7 @@ class Backward {
   const BwdArgs& a_;
   const Resolved& r_;
   const std::int64_t d_, nq_, hq_, group_;
-  const RowPack<T> q_, do_, k_;  // scale * Q, dO and K rows
+  const Rows<T> q_, do_, k_;  // scale * Q, dO, K
   const TilePack<T> kt_, vt_;    // K^T and V^T per key tile
   const std::int64_t ld_;
   std::vector<T> lse_, delta_;

@@ -1,4 +1,4 @@
-// CPU FFA forward: tiled online softmax (SPEC §2), one task per (64-row query tile, head).
+// CPU FFA forward: tiled online softmax (SPEC §2), one task per (256-row query tile, head).
 // A task keeps each row's running max m, sum l and unnormalised output O in scratch and
 // folds in every slice touching its rows, 64-key tile by tile, so rows shared by several
 // slices merge without atomics. Only tiles the mask calls partial pay for element masking.
@@ -18,9 +18,10 @@ namespace {
 
 template <typename T>
 struct FwdScratch {
-  // Q and O are [kBlockQ x ld]; S (scores, then probabilities) is [kBlockQ x kBlockK].
-  // ld = head_dim rounded up to the vector width; the padding stays zero. The row sums l are
-  // kept as one vector per row, reduced once per task instead of once per key tile.
+  // Q (times scale) and O are [kBlockQ x ld]; S (scores, then probabilities) is
+  // [kBlockQ x kBlockK]. ld = head_dim rounded up to the vector width; the padding stays
+  // zero. The row sums l are kept as one vector per row, reduced once per task instead of
+  // once per key tile.
   std::int64_t ld;
   Scratch<T> q, o, s, m, l, row;
   explicit FwdScratch(std::int64_t head_dim)
@@ -86,7 +87,7 @@ class Forward {
         const TileCols tc = tile_cols<T>(t, cols);
         const T x = key_tile(s, tile_rows, tile_rows.start - q0, cols, tc,
                              cls == TileClass::kPartial || tc.widened, kt_.tile(g, t) + tc.c0,
-                             v_.row(g, cols.start), b);
+                             v_.at(g, cols.start), b);
         raw_max = std::max(raw_max, x);
       }
     }
@@ -133,7 +134,7 @@ class Forward {
         for (std::int64_t c = 0; c < ld; c += kW) S::store(o + c, S::load(o + c) * alpha);
       }
     }
-    gemm<T, true>(nr, ld, cols.size(), sc + (cols.start - tc.base()), width, 1, v, ld,
+    gemm<T, true>(nr, ld, cols.size(), sc + (cols.start - tc.base()), width, 1, v, v_.stride(),
                   b.o.get() + r0 * ld, ld);
     return raw_max;
   }
@@ -217,7 +218,7 @@ class Forward {
   const Resolved& r_;
   const std::int64_t d_, group_;
   const TilePack<T> kt_;  // K^T per key tile
-  const RowPack<T> v_;    // V rows
+  const Rows<T> v_;
 };
 
 }  // namespace

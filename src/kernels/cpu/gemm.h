@@ -33,13 +33,21 @@ inline void micro_kernel(std::int64_t k, const T* a, std::int64_t a_row, std::in
     for (int i = 0; i < kRows; ++i) {
       const V av = S::splat(ap[i * a_row]);
 #pragma GCC unroll 4
-      for (int v = 0; v < kVecs; ++v) acc[i][v] += av * bv[v];
+      for (int v = 0; v < kVecs; ++v) acc[i][v] = S::fma(av, bv[v], acc[i][v]);
     }
   }
 #pragma GCC unroll 16
   for (int i = 0; i < kRows; ++i)
 #pragma GCC unroll 4
     for (int v = 0; v < kVecs; ++v) S::store(c + i * ldc + v * S::kWidth, acc[i][v]);
+}
+
+// sum_p a[p] * b[p] rounded exactly like one lane of the micro-kernel's products.
+template <typename T>
+inline T dot_like_gemm(const T* a, const T* b, std::int64_t n) {
+  T acc = 0;
+  for (std::int64_t p = 0; p < n; ++p) acc = Simd<T>::fma_scalar(a[p], b[p], acc);
+  return acc;
 }
 
 template <typename T, int kVecs, bool kAccumulate>
@@ -65,9 +73,9 @@ inline void row_block(int rows, std::int64_t k, const T* a, std::int64_t a_row,
 }
 
 // C[m x n] (+)= A[m x k] * B[k x n]. n is a multiple of the vector width; C rows are vector
-// aligned (scratch); B rows may lie anywhere (often the caller's own V, K or dO rows). Column
-// blocks outside, rows inside, so a block of B (k x 2W: 16 KiB at k = 128, fp32) stays in L1
-// while all rows of A stream by.
+// aligned (scratch); B rows may lie anywhere (the caller's own rows when already head-major,
+// see Rows in pack.h). Column blocks outside, rows inside, so a block of B (k x 2W: 16 KiB at
+// k = 128, fp32) stays in L1 while all rows of A stream by.
 template <typename T, bool kAccumulate>
 void gemm(std::int64_t m, std::int64_t n, std::int64_t k, const T* a, std::int64_t a_row,
           std::int64_t a_col, const T* b, std::int64_t ldb, T* c, std::int64_t ldc) {

@@ -1,6 +1,7 @@
 // Strided tensor access with dtype conversion: the only place the CPU kernels touch user
 // memory. Rows (last dim, stride 1) are copied into or out of contiguous compute-type scratch
-// once per tile, so strides and bf16/fp16 cost O(1/64) of the tile's arithmetic.
+// once per call or per task, never inside the tile loops, so strides and bf16/fp16 cost
+// O(D) per row against the O(D x keys) arithmetic of that row.
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,7 @@
 // Tile work lists. Building them is O(slices + tiles touched); the cost of a tile is its
-// visible area from the mask's O(1) counts plus 4096 cells per slice visit, about the packing
-// and bookkeeping one slice costs a 64-row tile, so tiles of many tiny slices sort fairly.
+// visible area from the mask's O(1) counts plus 4096 cells per slice visit (a quarter of a
+// 256 x 64 tile, for its packing, classification and masking), so that tiles made of many
+// tiny slices still sort as heavy as they are.
 #include "work.h"
 
 #include <algorithm>
