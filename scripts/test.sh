@@ -4,6 +4,10 @@
 # AddressSanitizer + UBSan; MAGI_TEST_LEVEL=full and MAGI_TEST_SEED pass through to the tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The published histogram sits beside the project in this workplace; when present, the
+# built-in table is checked against it.
+csv=../shared/data/doc_length_distribution.csv
+[ -f "$csv" ] && export MAGI_DOC_LENGTHS_CSV="${MAGI_DOC_LENGTHS_CSV:-$(readlink -f "$csv")}"
 presets=(release)
 [ "${MAGI_TEST_ASAN:-0}" = 1 ] && presets+=(asan)
 for preset in "${presets[@]}"; do
