@@ -61,6 +61,11 @@ Band band_of(const Slice& s);
 Range visible_keys(const Slice& s, std::int64_t q);
 bool visible(const Slice& s, std::int64_t q, std::int64_t k);
 
+// Union of the visible keys of the given rows of s (both edges of a row's interval grow with
+// q, so the union is one range), and the rows of s that see at least one key in `keys`.
+Range keys_seen_by(const Slice& s, Range rows);
+Range rows_seeing(const Slice& s, Range keys);
+
 // Exact visible-cell counts, O(1).
 std::int64_t area(const Slice& s);
 std::int64_t area(const Slice& s, Range q_rows);

@@ -126,6 +126,24 @@ bool visible(const Slice& s, std::int64_t q, std::int64_t k) {
   return visible_keys(s, q).contains(k);
 }
 
+// Row q of s sees [max(k_start, q + lo), min(k_end, q + hi + 1)), non-empty exactly for q in
+// [k_start - hi, k_end - lo) when lo <= hi; both edges grow with q, so the union over rows
+// [a, b) of visible rows runs from row a's left edge to row (b - 1)'s right edge. The same
+// argument on columns gives rows_seeing. Band::kNone keeps these sums from overflowing.
+Range keys_seen_by(const Slice& s, Range rows) {
+  const Band b = band_of(s);
+  rows = rows.intersect(s.q_range).intersect(Range{s.k_range.start - b.hi, s.k_range.end - b.lo});
+  if (rows.empty() || b.hi < b.lo) return Range{s.k_range.start, s.k_range.start};
+  return s.k_range.intersect(Range{rows.start + b.lo, rows.end + b.hi});
+}
+
+Range rows_seeing(const Slice& s, Range keys) {
+  const Band b = band_of(s);
+  keys = keys.intersect(s.k_range).intersect(Range{s.q_range.start + b.lo, s.q_range.end + b.hi});
+  if (keys.empty() || b.hi < b.lo) return Range{s.q_range.start, s.q_range.start};
+  return s.q_range.intersect(Range{keys.start - b.hi, keys.end - b.lo});
+}
+
 std::int64_t area(const Slice& s) { return band_cells(s.q_range, s.k_range, band_of(s)); }
 
 std::int64_t area(const Slice& s, Range q_rows) {
@@ -229,12 +247,8 @@ TileGrid Mask::classify_tiles(std::int64_t block_q, std::int64_t block_k) const 
     if (s.q_range.empty() || s.k_range.empty()) continue;
     for (std::int64_t qi = s.q_range.start / block_q; qi * block_q < s.q_range.end; ++qi) {
       const Range rows{qi * block_q, std::min((qi + 1) * block_q, total_q_)};
-      // Only the key tiles between the first and last visible key of these rows.
-      const Range first = visible_keys(s, std::max(rows.start, s.q_range.start));
-      const Range last = visible_keys(s, std::min(rows.end, s.q_range.end) - 1);
-      const std::int64_t k_lo = std::max(s.k_range.start, std::min(first.start, last.start));
-      const std::int64_t k_hi = std::min(s.k_range.end, std::max(first.end, last.end));
-      for (std::int64_t ki = k_lo / block_k; ki * block_k < k_hi; ++ki) {
+      const Range keys = keys_seen_by(s, rows);
+      for (std::int64_t ki = keys.start / block_k; ki * block_k < keys.end; ++ki) {
         const Range cols{ki * block_k, std::min((ki + 1) * block_k, total_k_)};
         cells[std::size_t(qi * g.num_k_tiles + ki)] += magi::area(s, rows, cols);
       }

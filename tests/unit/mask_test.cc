@@ -98,6 +98,31 @@ TEST(Mask, AreaOverSubRectanglesRandom) {
   }
 }
 
+TEST(Mask, KeysSeenByAndRowsSeeingAreExactUnions) {
+  const std::uint64_t seed = testing::test_seed();
+  std::mt19937_64 rng(seed);
+  auto rand_range = [&](std::int64_t n) {
+    std::int64_t a = std::int64_t(rng() % std::uint64_t(n + 1)), b = std::int64_t(rng() % std::uint64_t(n + 1));
+    return a <= b ? Range{a, b} : Range{b, a};
+  };
+  for (int it = 0; it < 3000; ++it) {
+    const Slice s{rand_range(24), rand_range(24), MaskType(rng() % 4)};
+    const Range rows = rand_range(24), keys = rand_range(24);
+    std::int64_t k_lo = 1 << 20, k_hi = -1, q_lo = 1 << 20, q_hi = -1;
+    for (std::int64_t q = rows.start; q < rows.end; ++q)
+      for (std::int64_t k = 0; k < 24; ++k)
+        if (naive_visible(s, q, k)) k_lo = std::min(k_lo, k), k_hi = std::max(k_hi, k);
+    for (std::int64_t k = keys.start; k < keys.end; ++k)
+      for (std::int64_t q = 0; q < 24; ++q)
+        if (naive_visible(s, q, k)) q_lo = std::min(q_lo, q), q_hi = std::max(q_hi, q);
+    const Range seen = keys_seen_by(s, rows), seeing = rows_seeing(s, keys);
+    ASSERT_EQ(seen.size(), k_hi < 0 ? 0 : k_hi - k_lo + 1) << what(s, rows, keys) << testing::seed_note(seed);
+    if (k_hi >= 0) ASSERT_EQ(seen, (Range{k_lo, k_hi + 1})) << what(s, rows, keys);
+    ASSERT_EQ(seeing.size(), q_hi < 0 ? 0 : q_hi - q_lo + 1) << what(s, rows, keys) << testing::seed_note(seed);
+    if (q_hi >= 0) ASSERT_EQ(seeing, (Range{q_lo, q_hi + 1})) << what(s, rows, keys);
+  }
+}
+
 TEST(Mask, LargeAreasAreExact) {
   const std::int64_t n = 4 << 20;  // 4M tokens: areas ~ 8.8e12 cells
   EXPECT_EQ(area(Slice{{0, n}, {0, n}, MaskType::kCausal}), n * (n + 1) / 2);

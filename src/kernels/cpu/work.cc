@@ -66,22 +66,4 @@ std::vector<Task> heavy_first(const std::vector<TileWork>& tiles, std::int64_t n
   return tasks;
 }
 
-// Row q of s sees [max(k_start, q + lo), min(k_end, q + hi + 1)) (band_of in mask.h); both
-// edges grow with q, so the union over rows [a, b) runs from row a's left edge to row
-// (b - 1)'s right edge, and the rows that reach keys [c, d) are those with q + hi >= c and
-// q + lo < d. Band::kNone = INT64_MAX / 4 keeps these sums from overflowing.
-Range keys_seen_by(const Slice& s, Range rows) {
-  rows = rows.intersect(s.q_range);
-  if (rows.empty()) return Range{s.k_range.start, s.k_range.start};
-  const Band b = band_of(s);
-  return s.k_range.intersect(Range{rows.start + b.lo, rows.end + b.hi});
-}
-
-Range rows_seeing(const Slice& s, Range keys) {
-  keys = keys.intersect(s.k_range);
-  if (keys.empty()) return Range{s.q_range.start, s.q_range.start};
-  const Band b = band_of(s);
-  return s.q_range.intersect(Range{keys.start - b.hi, keys.end - b.lo});
-}
-
 }  // namespace magi::kernels::cpu

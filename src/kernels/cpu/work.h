@@ -45,11 +45,6 @@ struct Task {
 // Every (tile, head), heaviest first (ties by tile then head, so the order is fixed).
 std::vector<Task> heavy_first(const std::vector<TileWork>& tiles, std::int64_t num_heads);
 
-// Union of the visible key ranges of the given rows of s (rows inside s.q_range).
-Range keys_seen_by(const Slice& s, Range rows);
-// Rows of s with at least one visible key in keys.
-Range rows_seeing(const Slice& s, Range keys);
-
 inline std::int64_t round_up(std::int64_t x, std::int64_t m) { return (x + m - 1) / m * m; }
 
 // A 64-byte aligned array, zero-initialised unless the owner writes every element itself
