@@ -117,9 +117,13 @@ TEST(Mask, KeysSeenByAndRowsSeeingAreExactUnions) {
         if (naive_visible(s, q, k)) q_lo = std::min(q_lo, q), q_hi = std::max(q_hi, q);
     const Range seen = keys_seen_by(s, rows), seeing = rows_seeing(s, keys);
     ASSERT_EQ(seen.size(), k_hi < 0 ? 0 : k_hi - k_lo + 1) << what(s, rows, keys) << testing::seed_note(seed);
-    if (k_hi >= 0) ASSERT_EQ(seen, (Range{k_lo, k_hi + 1})) << what(s, rows, keys);
+    if (k_hi >= 0) {
+      ASSERT_EQ(seen, (Range{k_lo, k_hi + 1})) << what(s, rows, keys);
+    }
     ASSERT_EQ(seeing.size(), q_hi < 0 ? 0 : q_hi - q_lo + 1) << what(s, rows, keys) << testing::seed_note(seed);
-    if (q_hi >= 0) ASSERT_EQ(seeing, (Range{q_lo, q_hi + 1})) << what(s, rows, keys);
+    if (q_hi >= 0) {
+      ASSERT_EQ(seeing, (Range{q_lo, q_hi + 1})) << what(s, rows, keys);
+    }
   }
 }
 
