@@ -135,14 +135,8 @@ class Backward {
     std::fill_n(dq, tile.rows.size() * ld_, T(0));
     for (std::int32_t s_idx : tile.slices) {
       const Slice& s = mask_[std::size_t(s_idx)];
-      const Range rows = tile.rows.intersect(s.q_range);
-      const Range keys = keys_seen_by(s, rows);
-      for (std::int64_t t = keys.start / kBlockK; t * kBlockK < keys.end; ++t) {
-        const Range cols = keys.intersect(Range{t * kBlockK, (t + 1) * kBlockK});
-        const Range tile_rows = rows.intersect(rows_seeing(s, cols));
-        if (tile_rows.empty()) continue;
-        const TileClass cls = classify(s, tile_rows, cols);
-        if (cls == TileClass::kEmpty) continue;
+      for_each_key_tile(s, tile.rows.intersect(s.q_range),
+                        [&](std::int64_t t, Range tile_rows, Range cols, TileClass cls) {
         const TileCols tc = tile_cols<T>(t, cols);
         probs(s, h, tile_rows, cols, tc, cls == TileClass::kPartial || tc.widened,
               kt_.tile(g, t) + tc.c0, vt_.tile(g, t) + tc.c0, b);
@@ -150,7 +144,7 @@ class Backward {
         gemm<T, true>(tile_rows.size(), ld_, cols.size(), b.dp.get() + (cols.start - tc.base()),
                       tc.width(), 1, k_.at(g, cols.start), k_.stride(),
                       dq + (tile_rows.start - q0) * ld_, ld_);
-      }
+      });
     }
     for (std::int64_t i = 0; i < tile.rows.size(); ++i)
       store_row<T>(a_.dq, {q0 + i, h}, d_, T(r_.scale), dq + i * ld_, r_.accumulate);

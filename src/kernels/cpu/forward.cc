@@ -76,20 +76,14 @@ class Forward {
     const std::int64_t g = h / group_;
     for (std::int32_t s_idx : tile.slices) {
       const Slice& s = mask_[std::size_t(s_idx)];
-      const Range rows = tile.rows.intersect(s.q_range);
-      const Range keys = keys_seen_by(s, rows);
-      for (std::int64_t t = keys.start / kBlockK; t * kBlockK < keys.end; ++t) {
-        const Range cols = keys.intersect(Range{t * kBlockK, (t + 1) * kBlockK});
-        const Range tile_rows = rows.intersect(rows_seeing(s, cols));
-        if (tile_rows.empty()) continue;
-        const TileClass cls = classify(s, tile_rows, cols);
-        if (cls == TileClass::kEmpty) continue;
+      for_each_key_tile(s, tile.rows.intersect(s.q_range),
+                        [&](std::int64_t t, Range tile_rows, Range cols, TileClass cls) {
         const TileCols tc = tile_cols<T>(t, cols);
         const T x = key_tile(s, tile_rows, tile_rows.start - q0, cols, tc,
                              cls == TileClass::kPartial || tc.widened, kt_.tile(g, t) + tc.c0,
                              v_.at(g, cols.start), b);
         raw_max = std::max(raw_max, x);
-      }
+      });
     }
     finish_rows(tile.rows, h, b);
     if (r_.softcap > 0) return raw_max;

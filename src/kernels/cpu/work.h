@@ -45,6 +45,20 @@ struct Task {
 // Every (tile, head), heaviest first (ties by tile then head, so the order is fixed).
 std::vector<Task> heavy_first(const std::vector<TileWork>& tiles, std::int64_t num_heads);
 
+// Calls fn(t, tile_rows, cols, cls) for every kBlockK-aligned key tile t that rows of s see:
+// cols are the visible keys of the tile, tile_rows the rows reaching them, cls never kEmpty.
+template <typename Fn>
+void for_each_key_tile(const Slice& s, Range rows, Fn&& fn) {
+  const Range keys = keys_seen_by(s, rows);
+  for (std::int64_t t = keys.start / kBlockK; t * kBlockK < keys.end; ++t) {
+    const Range cols = keys.intersect(Range{t * kBlockK, (t + 1) * kBlockK});
+    const Range tile_rows = rows.intersect(rows_seeing(s, cols));
+    if (tile_rows.empty()) continue;
+    const TileClass cls = classify(s, tile_rows, cols);
+    if (cls != TileClass::kEmpty) fn(t, tile_rows, cols, cls);
+  }
+}
+
 inline std::int64_t round_up(std::int64_t x, std::int64_t m) { return (x + m - 1) / m * m; }
 
 // A 64-byte aligned array, zero-initialised unless the owner writes every element itself
