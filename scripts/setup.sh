@@ -1,8 +1,15 @@
 #!/usr/bin/env bash
 # Fresh Debian machine to a first result: install dependencies, build the release preset,
-# then run `magiattn run` on its default problem (16k-token document-packed causal mask,
-# forward + backward checked against the fp64 oracle). Extra arguments go to `magiattn run`.
+# install the Python package (`pip install .`: the C++ core plus the nanobind module
+# magiattn._C), then run `magiattn run` on its default problem (16k-token document-packed
+# causal mask, forward + backward checked against the fp64 oracle). Extra arguments go to
+# `magiattn run`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/build.sh release
+
+source scripts/python_env.sh
+$python -m pip install -q . numpy
+echo "[setup] python package: $($python -c 'import magiattn; print(magiattn.__file__)')"
+
 build/release/bin/magiattn run "$@"

@@ -1,0 +1,64 @@
+"""magiattn: exact attention over slice-list masks (CPU backend), MagiAttention's names.
+
+numpy is the only requirement; torch tensors switch on the autograd / ``torch.compile``
+custom ops (``magiattn.torch_ops``, imported on first use) and ``magiattn.viz`` needs
+matplotlib. Errors from the C++ core arrive as ``ValueError`` naming the culprit.
+"""
+
+from . import _C
+from ._C import backward, forward, fwd_flops
+from .functional import (
+    AttnForwardMeta,
+    clear_mask_cache,
+    flex_flash_attn_backward,
+    flex_flash_attn_func,
+    get_mask,
+)
+from .masks import (
+    AttnMaskType,
+    Mask,
+    block_causal,
+    block_sparse,
+    block_sparse_topk,
+    build_family,
+    causal,
+    family_names,
+    from_dense,
+    full,
+    infer_attn_mask_from_cu_seqlens,
+    infer_attn_mask_from_sliding_window,
+    infer_varlen_mask_from_batch,
+    load_mask,
+    make_mask,
+    mask_from_json,
+    mask_to_ranges,
+    prefix_lm,
+    sample_doc_lengths,
+    save_mask,
+    shared_question,
+    sliding_window,
+    varlen_block_causal,
+    varlen_causal,
+    varlen_full,
+    varlen_sliding_window,
+)
+from .ranges import AttnRange, AttnRanges, RangeError
+from .viz import plot_mask, save_mask_png
+
+try:
+    from importlib.metadata import version as _version
+
+    __version__ = _version("magiattn")
+except Exception:  # not installed as a distribution (e.g. a build tree on sys.path)
+    __version__ = "0.0.0+unknown"
+
+__all__ = [
+    "AttnForwardMeta", "AttnMaskType", "AttnRange", "AttnRanges", "Mask", "RangeError",
+    "backward", "block_causal", "block_sparse", "block_sparse_topk", "build_family", "causal",
+    "clear_mask_cache", "family_names", "flex_flash_attn_backward", "flex_flash_attn_func",
+    "forward", "from_dense", "full", "fwd_flops", "get_mask", "infer_attn_mask_from_cu_seqlens",
+    "infer_attn_mask_from_sliding_window", "infer_varlen_mask_from_batch", "load_mask",
+    "make_mask", "mask_from_json", "mask_to_ranges", "plot_mask", "prefix_lm",
+    "sample_doc_lengths", "save_mask", "save_mask_png", "shared_question", "sliding_window",
+    "varlen_block_causal", "varlen_causal", "varlen_full", "varlen_sliding_window",
+]

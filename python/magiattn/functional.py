@@ -1,0 +1,241 @@
+"""``flex_flash_attn_func``: MagiAttention's single-device entry point over numpy or torch.
+
+numpy arrays go straight to the C++ kernels (no torch needed); torch tensors go through the
+``magiattn::ffa_forward`` / ``ffa_backward`` custom ops of ``torch_ops`` (autograd,
+``torch.compile``), imported only when a tensor arrives. Both paths share one mask cache keyed
+on the ranges' bytes, so a training loop that passes the same ranges every step builds and
+validates its ``Mask`` once.
+"""
+
+from __future__ import annotations
+
+import atexit
+import sys
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+
+from . import _C
+from .masks import Mask, _ranges_array, _type_int
+
+__all__ = ["AttnForwardMeta", "flex_flash_attn_func", "flex_flash_attn_backward", "get_mask",
+           "clear_mask_cache"]
+
+
+@dataclass
+class AttnForwardMeta:
+    """Forward side outputs, as MagiAttention: ``lse [Nq, Hq]`` (natural log, fp32, or fp64 for
+    fp64 inputs) and ``max_logits [Hq]`` (None unless ``return_max_logits``)."""
+
+    lse: Any = None
+    max_logits: Any = None
+
+
+# ---- mask cache -----------------------------------------------------------------------------
+# 64 distinct masks cover a model that alternates a few masks per layer; building one is
+# O(N log N) in the slices plus the overlap check, which is what repeated calls must not pay.
+_CACHE_SIZE = 64
+_cache: "OrderedDict[tuple, Mask]" = OrderedDict()
+_cache_lock = threading.Lock()
+
+
+def _type_array(attn_type_map: Any, num_slices: int) -> Optional[np.ndarray]:
+    """int32 [N] from ints (validated in C++), names or ``AttnMaskType`` values."""
+    if attn_type_map is None:
+        return None
+    if hasattr(attn_type_map, "detach"):  # torch tensor
+        attn_type_map = attn_type_map.detach().cpu().numpy()
+    if isinstance(attn_type_map, np.ndarray) and attn_type_map.dtype.kind in "iu":
+        out = attn_type_map.astype(np.int32, copy=False)
+    else:
+        items = list(np.ravel(attn_type_map)) if isinstance(attn_type_map, np.ndarray) else \
+            list(attn_type_map)
+        out = np.array([_type_int(t, i) for i, t in enumerate(items)], dtype=np.int32)
+    if out.ndim != 1 or out.shape[0] != num_slices:
+        raise ValueError(f"attn_type_map: expected [{num_slices}] (one type per slice), got "
+                         f"{list(out.shape)}")
+    return np.ascontiguousarray(out)
+
+
+def get_mask(total_seqlen_q: int, total_seqlen_k: int, q_ranges: Any, k_ranges: Any,
+             attn_type_map: Any = None) -> Mask:
+    """The validated ``Mask`` of these ranges, built once and then served from a small cache."""
+    q = np.ascontiguousarray(_ranges_array(q_ranges, "q_ranges"))
+    k = np.ascontiguousarray(_ranges_array(k_ranges, "k_ranges"))
+    if q.shape[0] != k.shape[0]:
+        raise ValueError(f"q_ranges has {q.shape[0]} slices but k_ranges has {k.shape[0]}")
+    types = _type_array(attn_type_map, q.shape[0])
+    key = (int(total_seqlen_q), int(total_seqlen_k), q.tobytes(), k.tobytes(),
+           None if types is None else types.tobytes())
+    with _cache_lock:
+        mask = _cache.get(key)
+        if mask is not None:
+            _cache.move_to_end(key)
+            return mask
+    mask = Mask(int(total_seqlen_q), int(total_seqlen_k), q, k, types)
+    _remember(key, mask)
+    return mask
+
+
+def _remember(key: tuple, mask: Mask) -> None:
+    with _cache_lock:
+        _cache[key] = mask
+        _cache.move_to_end(key)
+        while len(_cache) > _CACHE_SIZE:
+            _cache.popitem(last=False)
+
+
+def _remember_mask(mask: Mask) -> None:
+    """Seed the cache with a mask the caller already built (``mask=`` argument)."""
+    key = (mask.total_seqlen_q, mask.total_seqlen_k,
+           np.ascontiguousarray(mask.q_ranges(), np.int64).tobytes(),
+           np.ascontiguousarray(mask.k_ranges(), np.int64).tobytes(),
+           np.ascontiguousarray(mask.attn_type_map(), np.int32).tobytes())
+    _remember(key, mask)
+
+
+def clear_mask_cache() -> None:
+    with _cache_lock:
+        _cache.clear()
+
+
+# Cached masks would outlive the interpreter's teardown when torch's op registry keeps this
+# module alive, and nanobind then reports them as leaks at exit.
+atexit.register(clear_mask_cache)
+
+
+def _cache_len() -> int:  # for tests
+    return len(_cache)
+
+
+# ---- helpers ----------------------------------------------------------------------------------
+def _is_torch(*xs: Any) -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and any(isinstance(x, torch.Tensor) for x in xs)
+
+
+def _check_ndim(x: Any, name: str, ndim: int) -> None:
+    shape = getattr(x, "shape", None)
+    if shape is None:
+        raise ValueError(f"{name}: expected an array or tensor, got {type(x).__name__}")
+    if len(shape) != ndim:
+        raise ValueError(f"{name}: expected {ndim} dims, got {len(shape)} (shape {list(shape)})")
+
+
+def _resolve_ranges(mask: Optional[Mask], q: Any, k: Any, q_ranges: Any, k_ranges: Any,
+                    attn_type_map: Any) -> tuple[Any, Any, Any]:
+    """The ranges to use; with ``mask=``, its ranges (and the cache seeded with it) after
+    checking its sequence lengths, which the ranges alone would not carry."""
+    if mask is None:
+        if q_ranges is None or k_ranges is None:
+            raise ValueError("q_ranges and k_ranges are required (or pass mask=)")
+        return q_ranges, k_ranges, attn_type_map
+    if q_ranges is not None or k_ranges is not None or attn_type_map is not None:
+        raise ValueError("pass either mask= or q_ranges/k_ranges/attn_type_map, not both")
+    for x, name, total in ((q, "q", mask.total_seqlen_q), (k, "k", mask.total_seqlen_k)):
+        _check_ndim(x, name, 3)
+        if x.shape[0] != total:
+            raise ValueError(f"{name}: {x.shape[0]} tokens but the mask has total_seqlen_{name} "
+                             f"{total}")
+    _remember_mask(mask)
+    return mask.q_ranges(), mask.k_ranges(), mask.attn_type_map()
+
+
+def _compute_dtype(dtype: np.dtype) -> type:
+    return np.float64 if dtype == np.float64 else np.float32
+
+
+# ---- public API -------------------------------------------------------------------------------
+def flex_flash_attn_func(
+    q: Any,
+    k: Any,
+    v: Any,
+    q_ranges: Any = None,
+    k_ranges: Any = None,
+    attn_type_map: Any = None,
+    *,
+    sink: Any = None,
+    sink_layout: str = "sh",
+    softmax_scale: Optional[float] = None,
+    softcap: float = 0.0,
+    deterministic: bool = False,
+    return_max_logits: bool = False,
+    mask: Optional[Mask] = None,
+) -> tuple[Any, AttnForwardMeta]:
+    """Attention over a slice-list mask (SPEC §2), MagiAttention's signature.
+
+    q ``[Nq, Hq, D]``, k/v ``[Nk, Hkv, D]`` (``Hq % Hkv == 0``); ``q_ranges``/``k_ranges`` int
+    ``[N, 2]`` and ``attn_type_map`` int ``[N]`` (0 full, 1 causal, 2 inv_causal, 3 bi_causal;
+    None = all full), or ``mask=`` a ``Mask`` instead. ``sink`` is ``[S, Hq]`` ("sh") or
+    ``[Nq, S, Hq]`` ("ssh"). Returns ``out`` (q's dtype) and ``AttnForwardMeta(lse,
+    max_logits)``. numpy inputs give numpy outputs; torch tensors use the autograd custom op.
+    """
+    q_ranges, k_ranges, attn_type_map = _resolve_ranges(mask, q, k, q_ranges, k_ranges,
+                                                        attn_type_map)
+    if _is_torch(q, k, v):
+        from . import torch_ops
+
+        return torch_ops.flex_flash_attn_func(
+            q, k, v, q_ranges, k_ranges, attn_type_map, sink=sink, sink_layout=sink_layout,
+            softmax_scale=softmax_scale, softcap=softcap, deterministic=deterministic,
+            return_max_logits=return_max_logits)
+    for x, name in ((q, "q"), (k, "k"), (v, "v")):
+        _check_ndim(x, name, 3)
+    m = get_mask(q.shape[0], k.shape[0], q_ranges, k_ranges, attn_type_map)
+    compute = _compute_dtype(q.dtype)
+    out = np.empty(q.shape, dtype=q.dtype)
+    lse = np.empty(q.shape[:2], dtype=compute)
+    max_logits = np.empty(q.shape[1], dtype=compute) if return_max_logits else None
+    _C.forward(q, k, v, m, out, lse, sink=sink, max_logits=max_logits,
+               softmax_scale=softmax_scale, softcap=softcap, sink_layout=sink_layout,
+               deterministic=deterministic)
+    return out, AttnForwardMeta(lse=lse, max_logits=max_logits)
+
+
+def flex_flash_attn_backward(
+    dout: Any,
+    q: Any,
+    k: Any,
+    v: Any,
+    out: Any,
+    lse: Any,
+    q_ranges: Any = None,
+    k_ranges: Any = None,
+    attn_type_map: Any = None,
+    *,
+    sink: Any = None,
+    sink_layout: str = "sh",
+    softmax_scale: Optional[float] = None,
+    softcap: float = 0.0,
+    deterministic: bool = False,
+    mask: Optional[Mask] = None,
+) -> tuple[Any, Any, Any, Any]:
+    """Gradients ``(dq, dk, dv, dsink)`` of ``flex_flash_attn_func`` for upstream ``dout``.
+
+    ``out`` and ``lse`` are the forward results (after the sink). dq/dk/dv have the dtypes of
+    q/k/v, dsink that of sink (None without a sink). Works on numpy arrays and, without
+    autograd, on torch tensors.
+    """
+    q_ranges, k_ranges, attn_type_map = _resolve_ranges(mask, q, k, q_ranges, k_ranges,
+                                                        attn_type_map)
+    if _is_torch(dout, q, k, v):
+        from . import torch_ops
+
+        return torch_ops.flex_flash_attn_backward(
+            dout, q, k, v, out, lse, q_ranges, k_ranges, attn_type_map, sink=sink,
+            sink_layout=sink_layout, softmax_scale=softmax_scale, softcap=softcap,
+            deterministic=deterministic)
+    for x, name in ((dout, "dout"), (q, "q"), (k, "k"), (v, "v")):
+        _check_ndim(x, name, 3)
+    m = get_mask(q.shape[0], k.shape[0], q_ranges, k_ranges, attn_type_map)
+    dq = np.empty(q.shape, dtype=q.dtype)
+    dk = np.empty(k.shape, dtype=k.dtype)
+    dv = np.empty(v.shape, dtype=v.dtype)
+    dsink = None if sink is None else np.empty(np.shape(sink), dtype=np.asarray(sink).dtype)
+    _C.backward(dout, q, k, v, out, lse, dq, dk, dv, m, sink=sink, dsink=dsink,
+                softmax_scale=softmax_scale, softcap=softcap, sink_layout=sink_layout,
+                deterministic=deterministic)
+    return dq, dk, dv, dsink

@@ -1,0 +1,388 @@
+"""Half-open index ranges with MagiAttention's names (``AttnRange``, ``AttnRanges``).
+
+Pure Python and numpy, so that code written against ``magi_attention.common`` keeps working
+after an import change. Ranges are ``[start, end)`` with ``start <= end``; empty ranges are
+legal. Invalid ranges raise ``RangeError``, a ``ValueError``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Iterator, Sequence, Union
+
+import numpy as np
+
+__all__ = ["RangeError", "AttnRange", "AttnRanges", "is_valid_cu_seqlens", "check_valid_cu_seqlens"]
+
+NaiveRange = Union[tuple, list]
+
+
+class RangeError(ValueError):
+    """An invalid range (``start > end``) or an invalid range operation."""
+
+
+class AttnRange:
+    """One half-open range ``[start, end)`` of token indices."""
+
+    __slots__ = ("_start", "_end")
+
+    def __init__(self, start: int, end: int) -> None:
+        start, end = int(start), int(end)
+        if start > end:
+            raise RangeError(f"range [{start}, {end}) is reversed (start > end)")
+        self._start = start
+        self._end = end
+
+    @property
+    def start(self) -> int:
+        return self._start
+
+    @start.setter
+    def start(self, value: int) -> None:
+        self._check(int(value), self._end)
+        self._start = int(value)
+
+    @property
+    def end(self) -> int:
+        return self._end
+
+    @end.setter
+    def end(self, value: int) -> None:
+        self._check(self._start, int(value))
+        self._end = int(value)
+
+    @staticmethod
+    def _check(start: int, end: int) -> None:
+        if start > end:
+            raise RangeError(f"range [{start}, {end}) is reversed (start > end)")
+
+    @property
+    def seqlen(self) -> int:
+        return self._end - self._start
+
+    @staticmethod
+    def from_range(attn_range: Union[NaiveRange, "AttnRange"]) -> "AttnRange":
+        if isinstance(attn_range, AttnRange):
+            return AttnRange(attn_range.start, attn_range.end)
+        start, end = attn_range
+        return AttnRange(start, end)
+
+    def to_naive_range(self) -> tuple[int, int]:
+        return (self._start, self._end)
+
+    def clone(self) -> "AttnRange":
+        return AttnRange(self._start, self._end)
+
+    def offset(self, offset: int) -> "AttnRange":
+        return AttnRange(self._start + offset, self._end + offset)
+
+    def truncate(self, start: int | None = None, end: int | None = None) -> "AttnRange":
+        """Clip to ``[start, end)``; an empty result is ``[s, s)`` at the clipped start."""
+        s = self._start if start is None else max(self._start, start)
+        e = self._end if end is None else min(self._end, end)
+        return AttnRange(s, max(s, e))
+
+    def intersect(self, other: "AttnRange") -> "AttnRange":
+        s = max(self._start, other._start)
+        e = min(self._end, other._end)
+        return AttnRange(min(s, e), e)
+
+    def intersect_size(self, other: "AttnRange") -> int:
+        return self.intersect(other).seqlen
+
+    def union(self, other: "AttnRange") -> list["AttnRange"]:
+        """One range if the two overlap or touch, else both (in ascending order)."""
+        if self.is_empty():
+            return [other.clone()]
+        if other.is_empty():
+            return [self.clone()]
+        if self._start <= other._end and other._start <= self._end:
+            return [AttnRange(min(self._start, other._start), max(self._end, other._end))]
+        return sorted([self.clone(), other.clone()], key=lambda r: r.start)
+
+    def union_size(self, other: "AttnRange") -> int:
+        return sum(r.seqlen for r in self.union(other))
+
+    def diff_by(self, other: "AttnRange") -> list["AttnRange"]:
+        """``other - self``: the non-empty parts of ``other`` outside ``self``."""
+        parts = [AttnRange(other.start, max(other.start, min(other.end, self._start))),
+                 AttnRange(min(other.end, max(other.start, self._end)), other.end)]
+        if self.is_empty():
+            parts = [other.clone()]
+        return [p for p in parts if not p.is_empty()]
+
+    def is_subrange_of(self, other: "AttnRange") -> bool:
+        return self._start >= other._start and self._end <= other._end
+
+    def is_overlap_with(self, other: "AttnRange") -> bool:
+        return not (self._start >= other._end or self._end <= other._start)
+
+    def is_empty(self) -> bool:
+        return self._start == self._end
+
+    def __len__(self) -> int:
+        return self.seqlen
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, AttnRange) and (self._start, self._end) == (other._start, other._end)
+
+    def __hash__(self) -> int:
+        return hash((self._start, self._end))
+
+    def __repr__(self) -> str:
+        return f"[{self._start}, {self._end})"
+
+
+def is_valid_cu_seqlens(cu_seqlens: Sequence[int], seq_len: int) -> bool:
+    """``cu_seqlens[0] == 0``, non-decreasing, ends at ``seq_len``."""
+    cu = [int(x) for x in cu_seqlens]
+    if not cu:
+        return seq_len == 0
+    return cu[0] == 0 and all(a <= b for a, b in zip(cu, cu[1:])) and cu[-1] == seq_len
+
+
+def check_valid_cu_seqlens(cu_seqlens: Sequence[int], seq_len: int) -> None:
+    if not is_valid_cu_seqlens(cu_seqlens, seq_len):
+        raise RangeError(f"cu_seqlens {list(map(int, cu_seqlens))} must start at 0, never "
+                         f"decrease and end at seq_len {seq_len}")
+
+
+class AttnRanges:
+    """An ordered list of ``AttnRange``: document boundaries, the q or k side of a mask."""
+
+    def __init__(self, ranges: Iterable[Union[NaiveRange, AttnRange]] = ()) -> None:
+        self._ranges: list[AttnRange] = [AttnRange.from_range(r) for r in ranges]
+
+    # ---- construction and conversion -------------------------------------------------------
+    @staticmethod
+    def from_ranges(ranges: Union[Iterable[Union[NaiveRange, AttnRange]], "AttnRanges", np.ndarray],
+                    check: bool = False) -> "AttnRanges":
+        """From ``[[s, e], ...]``, AttnRange objects, an int array ``[N, 2]`` or a tensor."""
+        del check  # ranges are validated on construction
+        if isinstance(ranges, AttnRanges):
+            return ranges.clone()
+        if hasattr(ranges, "tolist"):  # numpy array or torch tensor
+            ranges = ranges.tolist()
+        return AttnRanges(ranges)
+
+    @staticmethod
+    def from_cu_seqlens(cu_seqlens: Sequence[int], seq_len: int | None = None) -> "AttnRanges":
+        """``[0, 3, 7]`` -> ``[[0, 3), [3, 7)]``; ``seq_len`` defaults to ``cu_seqlens[-1]``."""
+        cu = [int(x) for x in (cu_seqlens.tolist() if hasattr(cu_seqlens, "tolist") else cu_seqlens)]
+        check_valid_cu_seqlens(cu, cu[-1] if seq_len is None and cu else (seq_len or 0))
+        return AttnRanges(zip(cu[:-1], cu[1:]))
+
+    def to_cu_seqlens(self, seq_len: int | None = None) -> list[int]:
+        """Inverse of ``from_cu_seqlens``; the ranges must tile ``[0, seq_len)`` in order."""
+        seq_len = (self._ranges[-1].end if self._ranges else 0) if seq_len is None else seq_len
+        if not self.is_cu_seqlens(seq_len):
+            raise RangeError(f"{self!r} does not tile [0, {seq_len}) in order, so it has no "
+                             "cu_seqlens")
+        return [0] + [r.end for r in self._ranges]
+
+    def to_naive_ranges(self) -> list[tuple[int, int]]:
+        return [r.to_naive_range() for r in self._ranges]
+
+    def to_array(self, dtype: Any = np.int64) -> np.ndarray:
+        """``[N, 2]`` integer array (what ``Mask`` and ``flex_flash_attn_func`` take)."""
+        return np.array(self.to_naive_ranges(), dtype=dtype).reshape(len(self._ranges), 2)
+
+    def to_tensor(self, device: str = "cpu", dtype: Any = None):
+        """``[N, 2]`` torch tensor, int32 by default as in MagiAttention (needs torch)."""
+        import torch
+
+        return torch.tensor(self.to_array(), dtype=dtype or torch.int32, device=device)
+
+    def clone(self) -> "AttnRanges":
+        out = AttnRanges()
+        out._ranges = [r.clone() for r in self._ranges]
+        return out
+
+    # ---- list operations --------------------------------------------------------------------
+    def append(self, attn_range: Union[NaiveRange, AttnRange]) -> None:
+        self._ranges.append(AttnRange.from_range(attn_range))
+
+    def insert(self, idx: int, attn_range: Union[NaiveRange, AttnRange]) -> None:
+        self._ranges.insert(idx, AttnRange.from_range(attn_range))
+
+    def extend(self, attn_ranges: Iterable[Union[NaiveRange, AttnRange]]) -> None:
+        self._ranges.extend(AttnRange.from_range(r) for r in attn_ranges)
+
+    def pop(self, idx: int = -1) -> AttnRange:
+        if not self._ranges:
+            raise IndexError("pop from empty AttnRanges")
+        return self._ranges.pop(idx)
+
+    def clear_empty(self) -> "AttnRanges":
+        return AttnRanges(r for r in self._ranges if not r.is_empty())
+
+    # ---- set algebra ------------------------------------------------------------------------
+    def sort(self) -> "AttnRanges":
+        """Sorted by start (stable), as a new object."""
+        return AttnRanges(sorted(self._ranges, key=lambda r: r.start))
+
+    def merge(self) -> "AttnRanges":
+        """Sorted union: overlapping or touching ranges fuse; empty ranges disappear."""
+        merged: list[list[int]] = []
+        for r in self.sort():
+            if r.is_empty():
+                continue
+            if merged and r.start <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], r.end)
+            else:
+                merged.append([r.start, r.end])
+        return AttnRanges(merged)
+
+    def union(self, other: "AttnRanges") -> "AttnRanges":
+        return AttnRanges([*self._ranges, *other._ranges]).merge()
+
+    def intersect(self, other: "AttnRanges") -> "AttnRanges":
+        """Merged intersection of the two unions (MagiAttention: ``find_overlap_ranges``)."""
+        a, b = self.merge()._ranges, other.merge()._ranges
+        out, i, j = AttnRanges(), 0, 0
+        while i < len(a) and j < len(b):
+            if a[i].is_overlap_with(b[j]):
+                out.append(a[i].intersect(b[j]))
+            if a[i].end <= b[j].end:
+                i += 1
+            else:
+                j += 1
+        return out
+
+    find_overlap_ranges = intersect
+
+    def find_hole_ranges(self, other: "AttnRanges") -> "AttnRanges":
+        """``self - other`` as merged ranges."""
+        holes, b = AttnRanges(), other.merge()._ranges
+        for r in self.merge():
+            start = r.start
+            for o in b:
+                if o.end <= start or o.start >= r.end:
+                    continue
+                if o.start > start:
+                    holes.append((start, o.start))
+                start = max(start, o.end)
+            if start < r.end:
+                holes.append((start, r.end))
+        return holes
+
+    def truncate(self, start: int | None = None, end: int | None = None) -> "AttnRanges":
+        """Clip every range to ``[start, end)`` and drop the ones that become empty."""
+        return AttnRanges(t for t in (r.truncate(start, end) for r in self._ranges) if not t.is_empty())
+
+    def chunk(self, chunk_size: int) -> list["AttnRanges"]:
+        """Cut the (non-overlapping) ranges into consecutive groups of ``chunk_size`` tokens."""
+        if chunk_size <= 0:
+            raise RangeError(f"chunk_size {chunk_size} must be positive")
+        if not self.is_non_overlap():
+            raise RangeError(f"{self!r} overlaps itself, so it cannot be chunked")
+        chunks: list[AttnRanges] = []
+        current, filled = AttnRanges(), 0
+        for r in self._ranges:
+            start = r.start
+            while start < r.end:
+                take = min(chunk_size - filled, r.end - start)
+                current.append((start, start + take))
+                start += take
+                filled += take
+                if filled == chunk_size:
+                    chunks.append(current)
+                    current, filled = AttnRanges(), 0
+        if len(current):
+            chunks.append(current)
+        return chunks
+
+    def make_range_local(self, other: AttnRange) -> AttnRange:
+        """Position of ``other`` inside the concatenation of ``self.merge()``'s ranges."""
+        offset = 0
+        for r in self.merge():
+            if other.is_subrange_of(r):
+                return AttnRange(offset + other.start - r.start, offset + other.end - r.start)
+            offset += r.seqlen
+        raise RangeError(f"range {other!r} is not inside {self.merge()!r}")
+
+    def make_ranges_local(self, other: "AttnRanges") -> "AttnRanges":
+        return AttnRanges(self.make_range_local(r) for r in other)
+
+    # ---- predicates -------------------------------------------------------------------------
+    def is_sorted(self) -> bool:
+        return all(a.start <= b.start for a, b in zip(self._ranges, self._ranges[1:]))
+
+    def is_merged(self) -> bool:
+        """Sorted, with neither overlap nor contact between neighbours."""
+        return self.is_sorted() and all(a.end < b.start for a, b in zip(self._ranges, self._ranges[1:]))
+
+    def is_non_overlap(self) -> bool:
+        return self.total_seqlen == self.merge().total_seqlen
+
+    def is_cu_seqlens(self, seq_len: int) -> bool:
+        if not self._ranges:
+            return seq_len == 0
+        return (self._ranges[0].start == 0 and self._ranges[-1].end == seq_len
+                and all(a.end == b.start for a, b in zip(self._ranges, self._ranges[1:])))
+
+    def is_empty(self) -> bool:
+        return not self._ranges
+
+    # ---- sizes ------------------------------------------------------------------------------
+    @property
+    def total_seqlen(self) -> int:
+        """Sum of the lengths (overlaps counted twice; see ``union_size``)."""
+        return sum(r.seqlen for r in self._ranges)
+
+    @property
+    def max_seqlen(self) -> int:
+        return max((r.seqlen for r in self._ranges), default=0)
+
+    def union_size(self) -> int:
+        return self.merge().total_seqlen
+
+    def intersect_size(self) -> int:
+        """Tokens covered more than once, counted with multiplicity minus one."""
+        return self.total_seqlen - self.union_size()
+
+    @property
+    def start(self) -> int:
+        if not self._ranges:
+            raise RangeError("empty AttnRanges has no start")
+        return min(r.start for r in self._ranges)
+
+    @property
+    def end(self) -> int:
+        if not self._ranges:
+            raise RangeError("empty AttnRanges has no end")
+        return max(r.end for r in self._ranges)
+
+    @property
+    def size(self) -> int:
+        return len(self._ranges)
+
+    @property
+    def points(self) -> list[int]:
+        return sorted({p for r in self._ranges for p in (r.start, r.end)})
+
+    # ---- container protocol -----------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self._ranges)
+
+    def __getitem__(self, idx: int | slice):
+        if isinstance(idx, slice):
+            return AttnRanges(self._ranges[idx])
+        return self._ranges[idx]
+
+    def __setitem__(self, idx: int, value: Union[NaiveRange, AttnRange]) -> None:
+        self._ranges[idx] = AttnRange.from_range(value)
+
+    def __iter__(self) -> Iterator[AttnRange]:
+        return iter(self._ranges)
+
+    def __eq__(self, other: Any) -> bool:
+        return isinstance(other, AttnRanges) and self._ranges == other._ranges
+
+    def __hash__(self) -> int:
+        return hash(tuple(self._ranges))
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        return self.to_array(dtype or np.int64)
+
+    def __repr__(self) -> str:
+        return f"AttnRanges({self._ranges!r})"

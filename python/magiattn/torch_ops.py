@@ -1,0 +1,171 @@
+"""torch front: ``magiattn::ffa_forward`` / ``magiattn::ffa_backward`` custom ops.
+
+Imported only when torch tensors reach ``flex_flash_attn_func`` (the package works on numpy
+without torch). The ops take the ranges as int tensors, so ``torch.compile`` sees one opaque
+op per direction (fake impls give shapes and dtypes) and the mask is looked up in the shared
+cache by the ranges' bytes at run time. ``lse`` and ``max_logits`` are returned without
+gradient: backward differentiates ``out`` only (and the sink through it).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from . import _C
+from .functional import AttnForwardMeta, get_mask
+
+__all__ = ["ffa_forward", "ffa_backward", "flex_flash_attn_func", "flex_flash_attn_backward"]
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+@torch.library.custom_op("magiattn::ffa_forward", mutates_args=())
+def ffa_forward(
+    q: Tensor, k: Tensor, v: Tensor, q_ranges: Tensor, k_ranges: Tensor,
+    attn_type_map: Optional[Tensor], sink: Optional[Tensor], sink_layout: str,
+    softmax_scale: Optional[float], softcap: float, deterministic: bool,
+    return_max_logits: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``(out [Nq,Hq,D] in q's dtype, lse [Nq,Hq], max_logits [Hq] or [0])``."""
+    mask = get_mask(q.shape[0], k.shape[0], q_ranges, k_ranges, attn_type_map)
+    compute = _compute_dtype(q.dtype)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty(q.shape[:2], dtype=compute, device=q.device)
+    max_logits = torch.empty((q.shape[1] if return_max_logits else 0,), dtype=compute,
+                             device=q.device)
+    _C.forward(q.detach(), k.detach(), v.detach(), mask, out, lse,
+               sink=None if sink is None else sink.detach(),
+               max_logits=max_logits if return_max_logits else None,
+               softmax_scale=softmax_scale, softcap=softcap, sink_layout=sink_layout,
+               deterministic=deterministic)
+    return out, lse, max_logits
+
+
+@ffa_forward.register_fake
+def _ffa_forward_fake(q, k, v, q_ranges, k_ranges, attn_type_map, sink, sink_layout,
+                      softmax_scale, softcap, deterministic, return_max_logits):
+    compute = _compute_dtype(q.dtype)
+    return (q.new_empty(q.shape), q.new_empty(q.shape[:2], dtype=compute),
+            q.new_empty((q.shape[1] if return_max_logits else 0,), dtype=compute))
+
+
+@torch.library.custom_op("magiattn::ffa_backward", mutates_args=())
+def ffa_backward(
+    dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, q_ranges: Tensor,
+    k_ranges: Tensor, attn_type_map: Optional[Tensor], sink: Optional[Tensor], sink_layout: str,
+    softmax_scale: Optional[float], softcap: float, deterministic: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(dq, dk, dv, dsink)``; dsink is an empty tensor when there is no sink."""
+    mask = get_mask(q.shape[0], k.shape[0], q_ranges, k_ranges, attn_type_map)
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    if sink is None:
+        dsink = torch.empty((0,), dtype=_compute_dtype(q.dtype), device=q.device)
+    else:
+        dsink = torch.empty(sink.shape, dtype=sink.dtype, device=sink.device)
+    _C.backward(dout.detach(), q.detach(), k.detach(), v.detach(), out.detach(), lse.detach(),
+                dq, dk, dv, mask, sink=None if sink is None else sink.detach(),
+                dsink=None if sink is None else dsink, softmax_scale=softmax_scale,
+                softcap=softcap, sink_layout=sink_layout, deterministic=deterministic)
+    return dq, dk, dv, dsink
+
+
+@ffa_backward.register_fake
+def _ffa_backward_fake(dout, q, k, v, out, lse, q_ranges, k_ranges, attn_type_map, sink,
+                       sink_layout, softmax_scale, softcap, deterministic):
+    dsink = (q.new_empty((0,), dtype=_compute_dtype(q.dtype)) if sink is None
+             else sink.new_empty(sink.shape))
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dsink
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    (q, k, v, q_ranges, k_ranges, attn_type_map, sink, sink_layout, softmax_scale, softcap,
+     deterministic, _return_max_logits) = inputs
+    out, lse, max_logits = output
+    ctx.save_for_backward(q, k, v, out, lse, q_ranges, k_ranges, attn_type_map, sink)
+    ctx.has_sink = sink is not None
+    ctx.options = (sink_layout, softmax_scale, softcap, deterministic)
+    ctx.mark_non_differentiable(lse, max_logits)
+
+
+def _backward(ctx, dout, _dlse, _dmax_logits):
+    q, k, v, out, lse, q_ranges, k_ranges, attn_type_map, sink = ctx.saved_tensors
+    # autograd hands over whatever layout the consumer produced (an expanded scalar after
+    # out.sum(), say); the kernel wants a unit-stride last dim.
+    dq, dk, dv, dsink = torch.ops.magiattn.ffa_backward(
+        dout.contiguous(), q, k, v, out, lse, q_ranges, k_ranges, attn_type_map, sink,
+        *ctx.options)
+    return (dq, dk, dv, None, None, None, dsink if ctx.has_sink else None, None, None, None,
+            None, None)
+
+
+torch.library.register_autograd("magiattn::ffa_forward", _backward, setup_context=_setup_context)
+
+
+# ---- Python wrappers ------------------------------------------------------------------------
+def _int_tensor(x: Any, name: str) -> Tensor:
+    if isinstance(x, Tensor):
+        if x.is_floating_point() or x.is_complex() or x.dtype == torch.bool:
+            raise ValueError(f"{name}: expected an integer tensor, got {x.dtype}")
+        return x
+    if hasattr(x, "to_array"):  # AttnRanges
+        x = x.to_array()
+    arr = np.asarray(x)
+    if arr.size and arr.dtype.kind not in "iu":
+        raise ValueError(f"{name}: expected integers, got {arr.dtype}")
+    return torch.as_tensor(arr.astype(np.int64, copy=False))
+
+
+def _type_tensor(x: Any, num_slices: int) -> Optional[Tensor]:
+    if x is None or isinstance(x, Tensor):
+        return x
+    from .functional import _type_array
+
+    return torch.from_numpy(_type_array(x, num_slices))
+
+
+def _check_qkv(**tensors: Tensor) -> None:
+    for name, t in tensors.items():
+        if not isinstance(t, Tensor):
+            raise ValueError(f"{name}: expected a torch tensor, got {type(t).__name__}")
+        if t.dim() != 3:
+            raise ValueError(f"{name}: expected 3 dims, got {t.dim()} (shape {list(t.shape)})")
+
+
+def flex_flash_attn_func(q: Tensor, k: Tensor, v: Tensor, q_ranges: Any, k_ranges: Any,
+                         attn_type_map: Any = None, *, sink: Optional[Tensor] = None,
+                         sink_layout: str = "sh", softmax_scale: Optional[float] = None,
+                         softcap: float = 0.0, deterministic: bool = False,
+                         return_max_logits: bool = False) -> tuple[Tensor, AttnForwardMeta]:
+    """The torch half of ``magiattn.flex_flash_attn_func`` (differentiable in q, k, v, sink)."""
+    _check_qkv(q=q, k=k, v=v)
+    q_ranges = _int_tensor(q_ranges, "q_ranges")
+    out, lse, max_logits = torch.ops.magiattn.ffa_forward(
+        q, k, v, q_ranges, _int_tensor(k_ranges, "k_ranges"),
+        _type_tensor(attn_type_map, q_ranges.shape[0]), sink, sink_layout,
+        None if softmax_scale is None else float(softmax_scale), float(softcap),
+        bool(deterministic), bool(return_max_logits))
+    return out, AttnForwardMeta(lse=lse, max_logits=max_logits if return_max_logits else None)
+
+
+def flex_flash_attn_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor,
+                             lse: Tensor, q_ranges: Any, k_ranges: Any, attn_type_map: Any = None,
+                             *, sink: Optional[Tensor] = None, sink_layout: str = "sh",
+                             softmax_scale: Optional[float] = None, softcap: float = 0.0,
+                             deterministic: bool = False):
+    """Explicit backward on tensors (no autograd graph): ``(dq, dk, dv, dsink or None)``."""
+    _check_qkv(dout=dout, q=q, k=k, v=v)
+    q_ranges = _int_tensor(q_ranges, "q_ranges")
+    dq, dk, dv, dsink = torch.ops.magiattn.ffa_backward(
+        dout, q, k, v, out, lse, q_ranges, _int_tensor(k_ranges, "k_ranges"),
+        _type_tensor(attn_type_map, q_ranges.shape[0]), sink, sink_layout,
+        None if softmax_scale is None else float(softmax_scale), float(softcap),
+        bool(deterministic))
+    return dq, dk, dv, (dsink if sink is not None else None)
