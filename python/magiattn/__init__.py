@@ -5,7 +5,6 @@ custom ops (``magiattn.torch_ops``, imported on first use) and ``magiattn.viz`` 
 matplotlib. Errors from the C++ core arrive as ``ValueError`` naming the culprit.
 """
 
-from . import _C
 from ._C import backward, forward, fwd_flops
 from .functional import (
     AttnForwardMeta,

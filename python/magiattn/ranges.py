@@ -123,7 +123,8 @@ class AttnRange:
         return self.seqlen
 
     def __eq__(self, other: Any) -> bool:
-        return isinstance(other, AttnRange) and (self._start, self._end) == (other._start, other._end)
+        return (isinstance(other, AttnRange)
+                and (self._start, self._end) == (other._start, other._end))
 
     def __hash__(self) -> int:
         return hash((self._start, self._end))
@@ -167,7 +168,9 @@ class AttnRanges:
     @staticmethod
     def from_cu_seqlens(cu_seqlens: Sequence[int], seq_len: int | None = None) -> "AttnRanges":
         """``[0, 3, 7]`` -> ``[[0, 3), [3, 7)]``; ``seq_len`` defaults to ``cu_seqlens[-1]``."""
-        cu = [int(x) for x in (cu_seqlens.tolist() if hasattr(cu_seqlens, "tolist") else cu_seqlens)]
+        if hasattr(cu_seqlens, "tolist"):  # numpy array or torch tensor
+            cu_seqlens = cu_seqlens.tolist()
+        cu = [int(x) for x in cu_seqlens]
         check_valid_cu_seqlens(cu, cu[-1] if seq_len is None and cu else (seq_len or 0))
         return AttnRanges(zip(cu[:-1], cu[1:]))
 
@@ -267,7 +270,8 @@ class AttnRanges:
 
     def truncate(self, start: int | None = None, end: int | None = None) -> "AttnRanges":
         """Clip every range to ``[start, end)`` and drop the ones that become empty."""
-        return AttnRanges(t for t in (r.truncate(start, end) for r in self._ranges) if not t.is_empty())
+        clipped = (r.truncate(start, end) for r in self._ranges)
+        return AttnRanges(r for r in clipped if not r.is_empty())
 
     def chunk(self, chunk_size: int) -> list["AttnRanges"]:
         """Cut the (non-overlapping) ranges into consecutive groups of ``chunk_size`` tokens."""
@@ -309,7 +313,8 @@ class AttnRanges:
 
     def is_merged(self) -> bool:
         """Sorted, with neither overlap nor contact between neighbours."""
-        return self.is_sorted() and all(a.end < b.start for a, b in zip(self._ranges, self._ranges[1:]))
+        pairs = zip(self._ranges, self._ranges[1:])
+        return self.is_sorted() and all(a.end < b.start for a, b in pairs)
 
     def is_non_overlap(self) -> bool:
         return self.total_seqlen == self.merge().total_seqlen
