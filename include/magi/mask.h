@@ -66,6 +66,12 @@ bool visible(const Slice& s, std::int64_t q, std::int64_t k);
 Range keys_seen_by(const Slice& s, Range rows);
 Range rows_seeing(const Slice& s, Range keys);
 
+// The cells {q in rows, k in cols, band.lo <= k - q <= band.hi} as at most 3 non-overlapping
+// slices (rows where the left edge is clamped or stepping, times the right edge likewise).
+// Any piece of a slice cut by a sub-rectangle has this shape, which is how the planner
+// localises slices; translate the result to move it into another coordinate system.
+std::vector<Slice> band_to_slices(Range rows, Range cols, Band band);
+
 // Exact visible-cell counts, O(1).
 std::int64_t area(const Slice& s);
 std::int64_t area(const Slice& s, Range q_rows);

@@ -144,6 +144,30 @@ Range rows_seeing(const Slice& s, Range keys) {
   return s.q_range.intersect(Range{keys.start - b.hi, keys.end - b.lo});
 }
 
+std::vector<Slice> band_to_slices(Range rows, Range cols, Band band) {
+  std::vector<Slice> out;
+  if (band.hi < band.lo || cols.empty()) return out;
+  // Rows with a visible key, then the breakpoints where the left edge starts stepping (q2)
+  // and where the right edge stops stepping (q1), as in band_cells.
+  rows = rows.intersect(Range{cols.start - band.hi, cols.end - band.lo});
+  if (rows.empty()) return out;
+  const std::int64_t q1 = std::clamp(cols.end - band.hi - 1, rows.start, rows.end);
+  const std::int64_t q2 = std::clamp(cols.start - band.lo, rows.start, rows.end);
+  const std::int64_t cuts[] = {rows.start, std::min(q1, q2), std::max(q1, q2), rows.end};
+  for (int p = 0; p < 3; ++p) {
+    const Range piece{cuts[p], cuts[p + 1]};
+    if (piece.empty()) continue;
+    const bool left_steps = piece.start >= q2;  // left edge q + lo, else cols.start
+    const bool right_steps = piece.end <= q1;   // right edge q + hi + 1, else cols.end
+    const std::int64_t k0 = left_steps ? piece.start + band.lo : cols.start;
+    const std::int64_t k1 = right_steps ? piece.end + band.hi : cols.end;
+    const MaskType type = left_steps ? (right_steps ? MaskType::kBiCausal : MaskType::kInvCausal)
+                                     : (right_steps ? MaskType::kCausal : MaskType::kFull);
+    out.push_back(Slice{piece, Range{k0, k1}, piece.size() == 1 ? MaskType::kFull : type});
+  }
+  return out;
+}
+
 std::int64_t area(const Slice& s) { return band_cells(s.q_range, s.k_range, band_of(s)); }
 
 std::int64_t area(const Slice& s, Range q_rows) {

@@ -127,6 +127,32 @@ TEST(Mask, KeysSeenByAndRowsSeeingAreExactUnions) {
   }
 }
 
+TEST(Mask, BandToSlicesIsExactAndSmall) {
+  const std::uint64_t seed = testing::test_seed();
+  std::mt19937_64 rng(seed);
+  auto rand_range = [&](std::int64_t n) {
+    std::int64_t a = std::int64_t(rng() % std::uint64_t(n + 1)), b = std::int64_t(rng() % std::uint64_t(n + 1));
+    return a <= b ? Range{a, b} : Range{b, a};
+  };
+  for (int it = 0; it < 3000; ++it) {
+    const Slice s{rand_range(20), rand_range(20), MaskType(rng() % 4)};
+    const Range rows = rand_range(20), cols = rand_range(20);
+    const Band band = band_of(s);
+    const std::vector<Slice> pieces =
+        band_to_slices(rows.intersect(s.q_range), cols.intersect(s.k_range), band);
+    ASSERT_LE(pieces.size(), 3u);
+    const std::string note = what(s, rows, cols) + " " + testing::seed_note(seed);
+    ASSERT_NO_THROW(Mask(20, 20, pieces)) << note;  // valid and non-overlapping
+    for (std::int64_t q = 0; q < 20; ++q)
+      for (std::int64_t k = 0; k < 20; ++k) {
+        const bool want = rows.contains(q) && cols.contains(k) && naive_visible(s, q, k);
+        int covered = 0;
+        for (const Slice& p : pieces) covered += naive_visible(p, q, k);
+        ASSERT_EQ(covered, want ? 1 : 0) << "cell (" << q << ", " << k << ") of " << note;
+      }
+  }
+}
+
 TEST(Mask, LargeAreasAreExact) {
   const std::int64_t n = 4 << 20;  // 4M tokens: areas ~ 8.8e12 cells
   EXPECT_EQ(area(Slice{{0, n}, {0, n}, MaskType::kCausal}), n * (n + 1) / 2);
