@@ -22,7 +22,8 @@ int main(int argc, char** argv) {
     return "magiattn: error: " + std::string(e.what()) + "\nrun with --help for the flags\n";
   });
   const magi::cli::Command commands[] = {magi::cli::add_run_command(app),
-                                         magi::cli::add_mask_command(app)};
+                                         magi::cli::add_mask_command(app),
+                                         magi::cli::add_plan_command(app)};
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

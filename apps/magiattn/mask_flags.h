@@ -39,5 +39,6 @@ struct Command {
 };
 Command add_run_command(CLI::App& parent);
 Command add_mask_command(CLI::App& parent);
+Command add_plan_command(CLI::App& parent);
 
 }  // namespace magi::cli

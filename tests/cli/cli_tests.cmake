@@ -38,3 +38,12 @@ magi_cli_test(bad_heads 2 "magiattn: error: q: 6 heads are not a multiple of the
               --seqlen 256 --heads-q 6 --heads-kv 4)
 magi_cli_test(mask_and_file_conflict 2 "magiattn: error: .*excludes" run --mask causal --mask-file
               x.json)
+
+# `magiattn plan`: a small varlen-causal plan over 8 ranks, saved as JSON; bad input names the flag.
+set(plan_json ${CMAKE_CURRENT_BINARY_DIR}/cli_plan.json)
+magi_cli_test(plan_small 0 "imbalance.*planning time.*ours.*ring \\(zigzag\\).*all-gather.*saved"
+              plan --seqlen 8192 --cp 8 --json ${plan_json})
+magi_cli_test(plan_bad_algorithm 2 "magiattn: error: --algorithm 'lpt'" plan --seqlen 1024 --cp 2
+              --algorithm lpt)
+magi_cli_test(plan_indivisible 2 "magiattn: error: .*not divisible by cp 3" plan --seqlen 1000
+              --cp 3)
