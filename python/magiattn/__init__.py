@@ -42,7 +42,8 @@ from .masks import (
     varlen_sliding_window,
 )
 from .ranges import AttnRange, AttnRanges, RangeError
-from .viz import plot_mask, save_mask_png
+from .plan import load_plan, make_plan, plan_bytes_matrix, plan_cells
+from .viz import plot_mask, plot_plan, save_mask_png
 
 try:
     from importlib.metadata import version as _version
@@ -58,6 +59,7 @@ __all__ = [
     "forward", "from_dense", "full", "fwd_flops", "get_mask", "infer_attn_mask_from_cu_seqlens",
     "infer_attn_mask_from_sliding_window", "infer_varlen_mask_from_batch", "load_mask",
     "make_mask", "mask_from_json", "mask_to_ranges", "plot_mask", "prefix_lm",
+    "load_plan", "make_plan", "plan_bytes_matrix", "plan_cells", "plot_plan",
     "sample_doc_lengths", "save_mask", "save_mask_png", "shared_question", "sliding_window",
     "varlen_block_causal", "varlen_causal", "varlen_full", "varlen_sliding_window",
 ]

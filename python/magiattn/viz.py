@@ -15,7 +15,7 @@ import numpy as np
 
 from .masks import Mask
 
-__all__ = ["plot_mask", "save_mask_png", "block_coverage"]
+__all__ = ["plot_mask", "save_mask_png", "block_coverage", "plot_plan", "plan_owner_images"]
 
 _TYPE_NAMES = ("full", "causal", "inv_causal", "bi_causal")
 _TYPE_COLORS = ("tab:blue", "tab:orange", "tab:green", "tab:red")
@@ -140,3 +140,65 @@ def save_mask_png(mask: Mask, path: str, max_cells: int = 512, title: Optional[s
     plot_mask(mask, ax=ax, max_cells=max_cells, title=title)
     fig.tight_layout()
     fig.savefig(path, dpi=dpi)
+
+
+def plan_owner_images(plan, max_cells: int = 256) -> tuple[np.ndarray, np.ndarray, int]:
+    """``(rank [g, g], stage [g, g], block)``: which rank and stage compute each block of the
+    global score matrix (-1 where nothing is visible; a block shared by several owners shows the
+    last one drawn). A block is marked when any of its cells is visible."""
+    from .plan import load_plan, plan_cells
+
+    plan = load_plan(plan)
+    total = plan["dispatch"]["total_seqlen"]
+    block = max(1, math.ceil(total / max_cells))
+    g = max(1, math.ceil(total / block))
+    rank_img = np.full((g, g), -1, np.int32)
+    stage_img = np.full((g, g), -1, np.int32)
+    for rank, stage, qs, qe, ks, ke, kind in plan_cells(plan):
+        lo = ks - qs if kind & 2 else -(1 << 60)
+        hi = ke - qe if kind & 1 else 1 << 60
+        for bi in range(qs // block, (qe - 1) // block + 1):
+            r0, r1 = max(qs, bi * block), min(qe, (bi + 1) * block)  # rows of this block row
+            k0, k1 = max(ks, r0 + lo), min(ke, r1 - 1 + hi + 1)  # union of their visible keys
+            if k1 <= k0:
+                continue
+            cols = slice(k0 // block, (k1 - 1) // block + 1)
+            rank_img[bi, cols] = rank
+            stage_img[bi, cols] = stage
+    return rank_img, stage_img, block
+
+
+def plot_plan(plan, mask: Optional[Mask] = None, max_cells: int = 256, path: Optional[str] = None):
+    """Three panels: the mask coloured by owning rank, by stage (0 = host), and the rank x rank
+    K/V bytes matrix. ``plan`` is a dict from ``magiattn.make_plan`` or a path to the JSON that
+    ``magiattn plan --json`` writes. Returns the figure; saves it when ``path`` is given."""
+    _matplotlib()
+    import matplotlib.pyplot as plt
+
+    from .plan import load_plan, plan_bytes_matrix
+
+    plan = load_plan(plan)
+    rank_img, stage_img, block = plan_owner_images(plan, max_cells)
+    cp = plan["dispatch"]["cp"]
+    fig, axes = plt.subplots(1, 3, figsize=(16, 5))
+    panels = ((rank_img, f"owning rank (cp {cp})", "tab20" if cp <= 20 else "viridis"),
+              (stage_img, "stage (0 = host)", "viridis"))
+    for ax, (img, title, cmap) in zip(axes[:2], panels):
+        shown = np.ma.masked_less(img, 0)
+        im = ax.imshow(shown, cmap=cmap, interpolation="nearest", origin="upper")
+        ax.set_title(f"{title}, one pixel = {block} tokens")
+        ax.set_xlabel("k")
+        ax.set_ylabel("q")
+        fig.colorbar(im, ax=ax, fraction=0.046)
+    traffic = plan_bytes_matrix(plan) / 2**20
+    im = axes[2].imshow(traffic, cmap="magma", interpolation="nearest")
+    axes[2].set_title(f"K/V MiB sent (row) -> received (column), total {traffic.sum():.1f}")
+    axes[2].set_xlabel("receiving rank")
+    axes[2].set_ylabel("sending rank")
+    fig.colorbar(im, ax=axes[2], fraction=0.046)
+    if mask is not None:
+        fig.suptitle(repr(mask))
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=100)
+    return fig

@@ -18,4 +18,5 @@ NB_MODULE(_C, m) {
   magi::py::bind_mask(m);
   magi::py::bind_builders(m);
   magi::py::bind_attention(m);
+  magi::py::bind_plan(m);
 }

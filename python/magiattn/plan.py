@@ -1,0 +1,73 @@
+"""Distributed plans as plain data: ``make_plan`` returns the planner's JSON value (the same
+format ``magiattn plan --json`` writes), and the helpers here read it. No communication: every
+rank computes the same plan from the same mask.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Union
+
+import numpy as np
+
+from . import _C
+from .masks import Mask
+
+__all__ = ["make_plan", "load_plan", "plan_cells", "plan_bytes_matrix"]
+
+PlanLike = Union[dict, str, os.PathLike]
+
+
+def make_plan(mask: Mask, cp: int, *, num_stages: int = 0, chunk_size: int = 0,
+              algorithm: str = "refined", uneven: bool = False) -> dict:
+    """The plan of ``mask`` over ``cp`` ranks (stages chosen by the cost model when 0)."""
+    return json.loads(_C.make_plan_json(mask, cp, num_stages, chunk_size, algorithm, uneven))
+
+
+def load_plan(plan: PlanLike) -> dict:
+    """A plan dict from a dict (returned as is) or a JSON file path."""
+    if isinstance(plan, dict):
+        return plan
+    with open(plan) as f:
+        return json.load(f)
+
+
+def _to_global(local: int, ranges: list) -> tuple[int, int]:
+    """(global start of the range holding local offset ``local``, that range's local start)."""
+    offset = 0
+    for start, end in ranges:
+        if local < offset + (end - start):
+            return start, offset
+        offset += end - start
+    raise ValueError(f"plan: local offset {local} lies beyond its ranges ({offset} rows)")
+
+
+def plan_cells(plan: PlanLike):
+    """Yield ``(rank, stage, qs, qe, ks, ke, type)`` for every slice of every rank in GLOBAL
+    coordinates; stage 0 is the host stage, stage s > 0 the s-th remote stage."""
+    plan = load_plan(plan)
+    for rank, rp in enumerate(plan["ranks"]):
+        host = rp["host_ranges"]
+        groups = [(0, rp["host_slices"], host)]
+        groups += [(s + 1, st["slices"], st["remote_k_ranges"]) for s, st in enumerate(rp["stages"])]
+        for stage, slices, k_ranges in groups:
+            for qs, qe, ks, ke, kind in slices:
+                if qe <= qs or ke <= ks:
+                    continue
+                gq, lq = _to_global(qs, host)
+                gk, lk = _to_global(ks, k_ranges)
+                yield rank, stage, gq + qs - lq, gq + qe - lq, gk + ks - lk, gk + ke - lk, kind
+
+
+def plan_bytes_matrix(plan: PlanLike) -> np.ndarray:
+    """``[cp, cp]`` bytes of K/V rank ``src`` (row) sends to rank ``dst`` (column), all stages."""
+    plan = load_plan(plan)
+    cp = plan["dispatch"]["cp"]
+    per_row = plan["cost"]["bytes_per_row"]
+    m = np.zeros((cp, cp))
+    for dst, rp in enumerate(plan["ranks"]):
+        for st in rp["stages"]:
+            for size, src in zip(st["output_split_sizes"], st["src_rank"]):
+                m[src, dst] += size * per_row
+    return m
