@@ -42,7 +42,8 @@ Mask rows_with_areas(const std::vector<std::int64_t>& areas) {
   const std::int64_t n = std::int64_t(areas.size());
   std::vector<Slice> slices;
   for (std::int64_t i = 0; i < n; ++i) {
-    if (areas[std::size_t(i)] > 0) slices.push_back({{i, i + 1}, {0, areas[std::size_t(i)]}, MaskType::kFull});
+    if (areas[std::size_t(i)] > 0)
+      slices.push_back({{i, i + 1}, {0, areas[std::size_t(i)]}, MaskType::kFull});
   }
   const std::int64_t k = std::max(n, *std::max_element(areas.begin(), areas.end()));
   return Mask(n, k, slices);
@@ -76,9 +77,11 @@ void expect_valid(const Dispatch& d, const Mask& mask, bool uneven, const std::s
   ASSERT_EQ(int(d.rank_chunks.size()), d.cp);
   ASSERT_EQ(int(d.rank_area.size()), d.cp);
   // Chunk areas agree with the O(slices) definition; rank areas sum them and the mask's.
-  for (std::int64_t c = 0; c < n; ++c) ASSERT_EQ(d.chunk_area[std::size_t(c)], mask.area(d.chunk_range(c))) << c;
+  for (std::int64_t c = 0; c < n; ++c)
+    ASSERT_EQ(d.chunk_area[std::size_t(c)], mask.area(d.chunk_range(c))) << c;
   std::vector<int> owner(std::size_t(n), -1);
-  std::int64_t area_sum = 0, min_count = n, max_count = 0, min_tokens = d.total_seqlen, max_tokens = 0;
+  std::int64_t area_sum = 0, min_count = n, max_count = 0, min_tokens = d.total_seqlen,
+               max_tokens = 0;
   for (int r = 0; r < d.cp; ++r) {
     const auto& chunks = d.rank_chunks[std::size_t(r)];
     ASSERT_FALSE(chunks.empty()) << "rank " << r;
@@ -107,7 +110,8 @@ void expect_valid(const Dispatch& d, const Mask& mask, bool uneven, const std::s
     }
     ASSERT_EQ(covered, d.rank_tokens(r));
   }
-  for (std::int64_t c = 0; c < n; ++c) ASSERT_NE(owner[std::size_t(c)], -1) << "chunk " << c << " unassigned";
+  for (std::int64_t c = 0; c < n; ++c)
+    ASSERT_NE(owner[std::size_t(c)], -1) << "chunk " << c << " unassigned";
   ASSERT_EQ(area_sum, mask.area());
   if (uneven) {
     ASSERT_LE(max_count - min_count, 1);
@@ -123,13 +127,15 @@ void expect_valid(const Dispatch& d, const Mask& mask, bool uneven, const std::s
   std::vector<std::int64_t> sorted = perm;
   std::sort(sorted.begin(), sorted.end());
   for (std::int64_t i = 0; i < d.total_seqlen; ++i) ASSERT_EQ(sorted[std::size_t(i)], i);
-  for (std::int64_t i = 0; i < d.total_seqlen; ++i) ASSERT_EQ(inv[std::size_t(perm[std::size_t(i)])], i);
+  for (std::int64_t i = 0; i < d.total_seqlen; ++i)
+    ASSERT_EQ(inv[std::size_t(perm[std::size_t(i)])], i);
   std::size_t pos = 0;
   for (int r = 0; r < d.cp; ++r) {
     for (std::int64_t id : d.position_ids(r)) ASSERT_EQ(id, perm[pos++]);
   }
   // dispatch (gather by perm) then undispatch (gather by inv) of a token array is identity.
-  std::vector<std::int64_t> tokens(std::size_t(d.total_seqlen)), local(tokens.size()), back(tokens.size());
+  std::vector<std::int64_t> tokens(std::size_t(d.total_seqlen)), local(tokens.size()),
+      back(tokens.size());
   for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = std::int64_t(i * 7 + 3);
   for (std::size_t i = 0; i < tokens.size(); ++i) local[i] = tokens[std::size_t(perm[i])];
   for (std::size_t i = 0; i < tokens.size(); ++i) back[i] = local[std::size_t(inv[i])];
@@ -238,8 +244,10 @@ TEST(Dispatch, EmptyMaskAreaStillDispatchesTokens) {
 
 TEST(Dispatch, BadOptionsAreErrors) {
   const Mask mask = masks::causal(64, 64);
-  EXPECT_THAT(error_of([&] { dispatch(mask, options(0, 0)); }), HasSubstr("cp 0 must be at least 1"));
-  EXPECT_THAT(error_of([&] { dispatch(mask, options(2, -8)); }), HasSubstr("chunk_size -8 is negative"));
+  EXPECT_THAT(error_of([&] { dispatch(mask, options(0, 0)); }),
+              HasSubstr("cp 0 must be at least 1"));
+  EXPECT_THAT(error_of([&] { dispatch(mask, options(2, -8)); }),
+              HasSubstr("chunk_size -8 is negative"));
   EXPECT_THAT(error_of([&] { dispatch(masks::causal(64, 32), options(2, 0)); }),
               HasSubstr("total_seqlen_q 64 != total_seqlen_k 32"));
   EXPECT_THAT(error_of([&] { dispatch(Mask(0, 0, {}), options(1, 0)); }), HasSubstr("empty"));
@@ -249,7 +257,9 @@ TEST(Dispatch, BadOptionsAreErrors) {
               HasSubstr("not divisible by cp * chunk_size = 2 * 24"));
   EXPECT_THAT(error_of([&] { dispatch(mask, options(4, 32, DispatchAlgorithm::kRefined, true)); }),
               HasSubstr("2 chunks of 32 tokens cannot feed cp 4 ranks"));
-  EXPECT_THAT(error_of([&] { dispatch(masks::causal(3, 3), options(4, 0, DispatchAlgorithm::kRefined, true)); }),
+  EXPECT_THAT(error_of([&] {
+                dispatch(masks::causal(3, 3), options(4, 0, DispatchAlgorithm::kRefined, true));
+              }),
               HasSubstr("total_seqlen 3 cannot feed cp 4"));
   EXPECT_THAT(error_of([&] { dispatch(mask, options(2, 8)).chunk_range(8); }),
               HasSubstr("chunk 8 is out of range [0, 8)"));
@@ -261,21 +271,29 @@ TEST(Dispatch, BadOptionsAreErrors) {
 
 std::vector<std::int64_t> random_cu(std::mt19937_64& rng, std::int64_t total) {
   std::vector<std::int64_t> cu{0};
-  while (cu.back() < total) cu.push_back(std::min(total, cu.back() + 1 + std::int64_t(rng() % (total / 2 + 1))));
+  while (cu.back() < total)
+    cu.push_back(std::min(total, cu.back() + 1 + std::int64_t(rng() % (total / 2 + 1))));
   return cu;
 }
 
 Mask random_mask(std::mt19937_64& rng, std::int64_t n) {
   switch (rng() % 8) {
-    case 0: return masks::full(n, n);
-    case 1: return masks::causal(n, n);
-    case 2: return masks::varlen_causal(random_cu(rng, n));
-    case 3: return masks::varlen_full(random_cu(rng, n));
-    case 4: return masks::varlen_sliding_window(random_cu(rng, n),
-                                                 {std::int64_t(rng() % 9), std::int64_t(rng() % 3)},
-                                                 std::int64_t(rng() % 3));
-    case 5: return masks::varlen_block_causal(random_cu(rng, n), 1 + std::int64_t(rng() % 6), rng() % 2);
-    case 6: return masks::prefix_lm(n, std::int64_t(rng() % (n + 1)));
+    case 0:
+      return masks::full(n, n);
+    case 1:
+      return masks::causal(n, n);
+    case 2:
+      return masks::varlen_causal(random_cu(rng, n));
+    case 3:
+      return masks::varlen_full(random_cu(rng, n));
+    case 4:
+      return masks::varlen_sliding_window(random_cu(rng, n),
+                                          {std::int64_t(rng() % 9), std::int64_t(rng() % 3)},
+                                          std::int64_t(rng() % 3));
+    case 5:
+      return masks::varlen_block_causal(random_cu(rng, n), 1 + std::int64_t(rng() % 6), rng() % 2);
+    case 6:
+      return masks::prefix_lm(n, std::int64_t(rng() % (n + 1)));
     default: {
       const std::int64_t b = 1 + std::int64_t(rng() % 5), nb = (n + b - 1) / b;
       std::vector<std::uint8_t> blocks(std::size_t(nb * nb));
@@ -295,13 +313,16 @@ TEST(Dispatch, RandomMasksKeepEveryInvariant) {
     const bool auto_chunk = rng() % 3 == 0;
     const std::int64_t chunk = auto_chunk ? 0 : 1 + std::int64_t(rng() % 8);
     std::int64_t n = cp * std::max<std::int64_t>(chunk, 1) * (1 + std::int64_t(rng() % 6));
-    if (uneven) n = std::max<std::int64_t>(cp * std::max<std::int64_t>(chunk, 1), n - std::int64_t(rng() % 7));
+    if (uneven)
+      n = std::max<std::int64_t>(cp * std::max<std::int64_t>(chunk, 1),
+                                 n - std::int64_t(rng() % 7));
     const Mask mask = random_mask(rng, n);
     const std::string what = "case " + std::to_string(t) + " cp " + std::to_string(cp) + " n " +
                              std::to_string(n) + " chunk " + std::to_string(chunk) +
                              (uneven ? " uneven; " : "; ") + magi::testing::seed_note(seed);
     const Dispatch heap = dispatch(mask, options(cp, chunk, DispatchAlgorithm::kMinHeap, uneven));
-    const Dispatch refined = dispatch(mask, options(cp, chunk, DispatchAlgorithm::kRefined, uneven));
+    const Dispatch refined =
+        dispatch(mask, options(cp, chunk, DispatchAlgorithm::kRefined, uneven));
     expect_valid(heap, mask, uneven, what + " min-heap");
     expect_valid(refined, mask, uneven, what + " refined");
     ASSERT_EQ(heap.chunk_size, refined.chunk_size) << what;
@@ -337,15 +358,16 @@ TEST(Dispatch, BalanceTableOnBenchmarkMasks) {
   const bool full = magi::testing::full_level();
   const std::set<std::string> seeded = {"varlen-causal", "varlen-block-causal", "shared-prefix",
                                         "block-sparse"};
-  std::printf("%-20s %4s %6s %4s | %6s %8s %8s | %6s %8s %8s\n", "family", "cp", "tok/rk",
-              "seed", "chunk", "minheap", "refined", "auto", "minheap", "refined");
-  for (const std::string name : {"varlen-causal", "causal", "sliding-window",
-                                 "varlen-block-causal", "shared-prefix", "block-sparse", "full"}) {
+  std::printf("%-20s %4s %6s %4s | %6s %8s %8s | %6s %8s %8s\n", "family", "cp", "tok/rk", "seed",
+              "chunk", "minheap", "refined", "auto", "minheap", "refined");
+  for (const std::string name : {"varlen-causal", "causal", "sliding-window", "varlen-block-causal",
+                                 "shared-prefix", "block-sparse", "full"}) {
     for (int cp : {8, 16, 32, 64}) {
       for (std::int64_t per_rank : {8192, 16384}) {
         if (!full && cp * per_rank > (name == "block-sparse" ? 262144 : 524288)) continue;
         const std::uint64_t num_seeds = full && seeded.count(name) ? 4 : 1;
-        for (std::uint64_t seed = 0; seed < num_seeds; ++seed) balance_row(name, cp, per_rank, seed);
+        for (std::uint64_t seed = 0; seed < num_seeds; ++seed)
+          balance_row(name, cp, per_rank, seed);
       }
     }
   }
@@ -363,10 +385,11 @@ void time_scale(std::int64_t total, int cp) {
   t0 = std::chrono::steady_clock::now();
   const Dispatch refined = dispatch(mask, options(cp, 0));
   const double refined_s = seconds_since(t0);
-  std::printf("varlen-causal %lld tokens (%zu slices) cp %d: chunk %lld, min-heap %.3f s (%.4f), "
-              "refined %.3f s (%.4f)\n",
-              (long long)total, mask.size(), cp, (long long)refined.chunk_size, heap_s,
-              heap.imbalance(), refined_s, refined.imbalance());
+  std::printf(
+      "varlen-causal %lld tokens (%zu slices) cp %d: chunk %lld, min-heap %.3f s (%.4f), "
+      "refined %.3f s (%.4f)\n",
+      (long long)total, mask.size(), cp, (long long)refined.chunk_size, heap_s, heap.imbalance(),
+      refined_s, refined.imbalance());
   EXPECT_LE(max_area(refined), max_area(heap));
   EXPECT_LE(refined.imbalance(), 1.02);
   EXPECT_LT(refined_s, 1.0);
