@@ -11,6 +11,7 @@
 
 #include "magi/doc_lengths.h"
 #include "magi/error.h"
+#include "error_of.h"
 #include "seed.h"
 
 namespace magi {
@@ -25,15 +26,7 @@ std::string write_file(const std::string& name, const std::string& text) {
   return path;
 }
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using magi::testing::error_of;
 
 std::int64_t sum(const std::vector<std::int64_t>& v) {
   return std::accumulate(v.begin(), v.end(), std::int64_t{0});

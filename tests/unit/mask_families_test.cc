@@ -8,6 +8,7 @@
 
 #include "magi/error.h"
 #include "magi/mask_families.h"
+#include "error_of.h"
 #include "seed.h"
 
 namespace magi {
@@ -16,15 +17,7 @@ namespace {
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using magi::testing::error_of;
 
 Mask build(std::string family, std::int64_t seqlen, std::uint64_t seed = 1) {
   FamilySpec spec;

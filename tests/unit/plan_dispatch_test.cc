@@ -16,6 +16,7 @@
 #include "magi/mask_builders.h"
 #include "magi/mask_families.h"
 #include "magi/plan.h"
+#include "error_of.h"
 #include "seed.h"
 
 namespace magi::plan {
@@ -23,15 +24,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
+using magi::testing::error_of;
 
 std::int64_t max_area(const Dispatch& d) {
   return *std::max_element(d.rank_area.begin(), d.rank_area.end());
