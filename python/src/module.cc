@@ -3,6 +3,12 @@
 // and the text already names the culprit.
 #include <nanobind/nanobind.h>
 
+// Not for printing: with GCC >= 13 and a statically linked libstdc++ (the GPU image's
+// toolchain links it so), the stream/locale initialiser is only linked in when some object
+// includes <iostream>; without it the first std::ostringstream (every error message) crashes
+// inside num_put. Seen on the H200 machine (GCC 13.3, Python 3.12), 2026-11-29.
+#include <iostream>
+
 #include "bindings.h"
 #include "magi/error.h"
 
