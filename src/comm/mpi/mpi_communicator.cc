@@ -1,0 +1,380 @@
+// MPI backend: one packed message per peer, posted with MPI_Irecv/MPI_Isend and completed by
+// polling MPI_Testsome against a deadline (MPI has no timed wait). Polling backs off to 50 us
+// sleeps so that 8 oversubscribed ranks on 2 cores still make progress.
+#include "mpi_communicator.h"
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <climits>
+#include <cstring>
+#include <functional>
+#include <thread>
+#include <utility>
+
+#include "../layout.h"
+#include "mpi_check.h"
+
+namespace magi::comm::mpi {
+namespace {
+
+using Buffers = std::vector<std::vector<std::byte>>;
+using Clock = std::chrono::steady_clock;
+
+// One collective in flight: per-peer receive buffers, the send buffers it keeps alive, and
+// `finish`, which turns the received buffers (self included) into the output.
+class ExchangeWork final : public Work {
+ public:
+  ExchangeWork(MpiCommunicator& comm, std::string op, Buffers send,
+               std::vector<std::int64_t> recv_bytes, std::function<void(Buffers&)> finish)
+      : comm_(comm), op_(std::move(op)), send_(std::move(send)), finish_(std::move(finish)) {
+    const int self = comm.rank();
+    tag_ = comm.next_tag();
+    recv_.resize(std::size_t(comm.size()));
+    const auto self_bytes = std::int64_t(send_[std::size_t(self)].size());
+    MAGI_CHECK(self_bytes == recv_bytes[std::size_t(self)], op_, " on rank ", self, ": sends ",
+               self_bytes, " bytes to itself but expects ", recv_bytes[std::size_t(self)],
+               " from itself");
+    recv_[std::size_t(self)] = std::move(send_[std::size_t(self)]);
+    // Receives first, so that a peer's eager message finds its buffer posted.
+    for (int p = 0; p < comm.size(); ++p)
+      if (p != self && recv_bytes[std::size_t(p)] > 0) {
+        recv_[std::size_t(p)].resize(std::size_t(recv_bytes[std::size_t(p)]));
+        post(p, true, recv_[std::size_t(p)]);
+      }
+    for (int p = 0; p < comm.size(); ++p)
+      if (p != self && !send_[std::size_t(p)].empty()) post(p, false, send_[std::size_t(p)]);
+  }
+
+  // A request-only operation (barrier): `what` names what it waits for.
+  ExchangeWork(MpiCommunicator& comm, std::string op, MPI_Request request, std::string what)
+      : comm_(comm), op_(std::move(op)) {
+    requests_.push_back(request);
+    pending_.push_back({-1, false, 0, std::move(what)});
+  }
+
+  ~ExchangeWork() override {
+    if (!done_ && live() > 0) abandon("a " + op_ + " handle was destroyed before wait()");
+  }
+
+  void wait() override {
+    if (done_) return;
+    const auto timeout = comm_.timeout();
+    const auto deadline = Clock::now() + timeout;
+    std::vector<int> indices(requests_.size());
+    std::vector<MPI_Status> statuses(requests_.size());
+    for (int idle = 0; live() > 0;) {
+      int count = 0;
+      const int rc = MPI_Testsome(int(requests_.size()), requests_.data(), &count, indices.data(),
+                                  statuses.data());
+      if (rc != MPI_SUCCESS && rc != MPI_ERR_IN_STATUS) fail_with(error_string(rc));
+      if (count == MPI_UNDEFINED) break;
+      for (int k = 0; k < count; ++k) finish_request(indices[std::size_t(k)], statuses[std::size_t(k)], rc);
+      if (count > 0) {
+        idle = 0;
+        continue;
+      }
+      if (Clock::now() > deadline) time_out(timeout);
+      if (++idle > 64)
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      else
+        std::this_thread::yield();
+    }
+    done_ = true;
+    if (finish_) finish_(recv_);
+  }
+
+ private:
+  struct Pending {
+    int peer;  // -1: not one peer (barrier)
+    bool is_recv;
+    std::int64_t bytes;
+    std::string what;
+  };
+
+  void post(int peer, bool is_recv, std::vector<std::byte>& buffer) {
+    MAGI_CHECK(buffer.size() <= std::size_t(INT_MAX), op_, " on rank ", comm_.rank(), ": ",
+               buffer.size(), " bytes for rank ", peer,
+               " exceed one MPI message (2 GiB); split the call");
+    MPI_Request request = MPI_REQUEST_NULL;
+    if (is_recv)
+      MAGI_MPI_CHECK(MPI_Irecv(buffer.data(), int(buffer.size()), MPI_BYTE, peer, tag_,
+                               comm_.mpi_comm(), &request));
+    else
+      MAGI_MPI_CHECK(MPI_Isend(buffer.data(), int(buffer.size()), MPI_BYTE, peer, tag_,
+                               comm_.mpi_comm(), &request));
+    requests_.push_back(request);
+    pending_.push_back({peer, is_recv, std::int64_t(buffer.size()), ""});
+  }
+
+  std::size_t live() const {
+    return std::size_t(std::count_if(requests_.begin(), requests_.end(),
+                                     [](MPI_Request r) { return r != MPI_REQUEST_NULL; }));
+  }
+
+  std::string describe(const Pending& p) const {
+    if (p.peer < 0) return p.what;
+    return "rank " + std::to_string(p.peer) + " (" + (p.is_recv ? "receive of " : "send of ") +
+           std::to_string(p.bytes) + " bytes)";
+  }
+
+  std::string where() const {
+    return op_ + " (tag " + std::to_string(tag_) + ") on rank " + std::to_string(comm_.rank()) +
+           " of " + std::to_string(comm_.size());
+  }
+
+  void finish_request(int idx, const MPI_Status& status, int rc) {
+    const Pending& p = pending_[std::size_t(idx)];
+    if (rc == MPI_ERR_IN_STATUS && status.MPI_ERROR != MPI_SUCCESS)
+      fail_with(describe(p) + " failed: " + error_string(status.MPI_ERROR));
+    if (!p.is_recv || p.peer < 0) return;
+    int got = 0;
+    MPI_Get_count(&status, MPI_BYTE, &got);
+    if (got != p.bytes)
+      fail_with("received " + std::to_string(got) + " bytes from rank " + std::to_string(p.peer) +
+                " but expected " + std::to_string(p.bytes) +
+                ": the ranks disagree on split sizes");
+  }
+
+  [[noreturn]] void time_out(std::chrono::milliseconds timeout) {
+    std::string peers;
+    for (std::size_t i = 0; i < requests_.size(); ++i)
+      if (requests_[i] != MPI_REQUEST_NULL) peers += (peers.empty() ? "" : ", ") + describe(pending_[i]);
+    fail_with("timed out after " + std::to_string(timeout.count()) + " ms waiting for " + peers +
+              "; that rank may have died or skipped the call");
+  }
+
+  [[noreturn]] void fail_with(const std::string& why) {
+    const std::string message = where() + ": " + why;
+    abandon(message);
+    MAGI_FAIL(message);
+  }
+
+  // Give up on the pending requests: receives are cancelled, sends released; MPI may still
+  // touch their buffers, so the communicator keeps them, and refuses further calls.
+  void abandon(const std::string& reason) {
+    done_ = true;
+    for (std::size_t i = 0; i < requests_.size(); ++i) {
+      if (requests_[i] == MPI_REQUEST_NULL) continue;
+      if (pending_[i].is_recv) MPI_Cancel(&requests_[i]);
+      MPI_Request_free(&requests_[i]);
+    }
+    comm_.keep_alive(std::move(send_));
+    comm_.keep_alive(std::move(recv_));
+    comm_.mark_broken(reason);
+  }
+
+  MpiCommunicator& comm_;
+  std::string op_;
+  int tag_ = 0;
+  Buffers send_, recv_;
+  std::function<void(Buffers&)> finish_;
+  std::vector<MPI_Request> requests_;
+  std::vector<Pending> pending_;
+  bool done_ = false;
+};
+
+// Message sizes and packed buffers of one exchange from its layout.
+struct Messages {
+  Buffers send;
+  std::vector<std::int64_t> recv_bytes;
+};
+
+Messages pack_messages(const ExchangeLayout& layout, std::span<const Rows> in_columns,
+                       std::span<const Rows> out_columns) {
+  Messages m;
+  const std::int64_t out_row = message_row_bytes(out_columns);
+  for (std::size_t p = 0; p < layout.send.size(); ++p) {
+    m.send.push_back(pack(in_columns, layout.send[p]));
+    m.recv_bytes.push_back(total_rows(layout.recv[p]) * out_row);
+  }
+  return m;
+}
+
+void check_row_bytes(const char* op, std::int64_t in, std::int64_t out) {
+  MAGI_CHECK(in == out, op, ": input rows are ", in, " bytes but output rows are ", out);
+}
+
+}  // namespace
+
+MpiCommunicator::MpiCommunicator(MPI_Comm comm) {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  MAGI_CHECK(initialized, "MpiCommunicator: call MPI_Init before creating a communicator");
+  MAGI_MPI_CHECK(MPI_Comm_dup(comm, &comm_));
+  MAGI_MPI_CHECK(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
+  MAGI_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+  MAGI_MPI_CHECK(MPI_Comm_size(comm_, &size_));
+  void* ub = nullptr;
+  int found = 0;
+  MAGI_MPI_CHECK(MPI_Comm_get_attr(comm_, MPI_TAG_UB, &ub, &found));
+  if (found) tag_ub_ = *static_cast<int*>(ub);
+}
+
+MpiCommunicator::~MpiCommunicator() {
+  // A broken communicator may still have messages in flight that reference it; leave it to
+  // MPI_Finalize rather than free it under them.
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!broken() && !finalized) MPI_Comm_free(&comm_);
+}
+
+void MpiCommunicator::mark_broken(const std::string& reason) {
+  if (broken_reason_.empty()) broken_reason_ = reason;
+}
+
+void MpiCommunicator::check_usable(const char* op) const {
+  MAGI_CHECK(broken_reason_.empty(), op, " on rank ", rank_,
+             ": communicator is unusable after an earlier failure: ", broken_reason_);
+}
+
+int MpiCommunicator::next_tag() { return int(seq_++ % (std::int64_t(tag_ub_) + 1)); }
+
+void MpiCommunicator::keep_alive(Buffers buffers) {
+  for (auto& b : buffers)
+    if (!b.empty()) orphans_.push_back(std::move(b));
+}
+
+WorkPtr MpiCommunicator::group_cast(const Rows& input,
+                                    std::span<const std::int64_t> input_split_sizes,
+                                    std::span<const std::vector<std::int32_t>> dst_ranks,
+                                    const Rows& output,
+                                    std::span<const std::int64_t> output_split_sizes,
+                                    std::span<const std::int32_t> src_rank) {
+  check_usable("group_cast");
+  check_columns({&input, 1}, "group_cast input", false);
+  check_columns({&output, 1}, "group_cast output", false);
+  check_row_bytes("group_cast", input.row_bytes(), output.row_bytes());
+  const ExchangeLayout layout = cast_layout(rank_, size_, input.num_rows, input_split_sizes,
+                                            dst_ranks, output.num_rows, output_split_sizes,
+                                            src_rank);
+  Messages m = pack_messages(layout, {&input, 1}, {&output, 1});
+  return std::make_unique<ExchangeWork>(
+      *this, "group_cast", std::move(m.send), std::move(m.recv_bytes),
+      [output, recv = layout.recv](Buffers& got) {
+        for (std::size_t p = 0; p < got.size(); ++p)
+          combine({&output, 1}, got[p], recv[p], Combine::kCopy);
+      });
+}
+
+WorkPtr MpiCommunicator::group_reduce(const Rows& input,
+                                      std::span<const std::int64_t> input_split_sizes,
+                                      std::span<const std::int32_t> dst_rank, const Rows& output,
+                                      std::span<const std::int64_t> output_split_sizes,
+                                      std::span<const std::vector<std::int32_t>> src_ranks,
+                                      ReduceOp op) {
+  check_usable("group_reduce");
+  MAGI_CHECK(op == ReduceOp::kSum || op == ReduceOp::kAvg, "group_reduce: op ",
+             reduce_op_name(op), " is not sum or avg (use group_reduce_lse for lse)");
+  check_columns({&input, 1}, "group_reduce input", true);
+  check_columns({&output, 1}, "group_reduce output", true);
+  MAGI_CHECK(input.dtype == output.dtype && input.row_elems == output.row_elems,
+             "group_reduce: input rows are ", input.row_elems, " x ", dtype_name(input.dtype),
+             " but output rows are ", output.row_elems, " x ", dtype_name(output.dtype));
+  const ExchangeLayout layout =
+      reduce_layout(rank_, size_, input.num_rows, input_split_sizes, dst_rank, output.num_rows,
+                    output_split_sizes, src_ranks, op);
+  Messages m = pack_messages(layout, {&input, 1}, {&output, 1});
+  return std::make_unique<ExchangeWork>(
+      *this, "group_reduce", std::move(m.send), std::move(m.recv_bytes),
+      [output, recv = layout.recv](Buffers& got) {
+        for (std::size_t p = 0; p < got.size(); ++p)
+          combine({&output, 1}, got[p], recv[p], Combine::kSum);
+      });
+}
+
+WorkPtr MpiCommunicator::group_reduce_lse(const Rows& input_out, const Rows& input_lse,
+                                          std::span<const std::int64_t> input_split_sizes,
+                                          std::span<const std::int32_t> dst_rank,
+                                          const Rows& output_out, const Rows& output_lse,
+                                          std::span<const std::int64_t> output_split_sizes,
+                                          std::span<const std::vector<std::int32_t>> src_ranks) {
+  check_usable("group_reduce_lse");
+  const Rows in[2] = {input_out, input_lse};
+  const std::array<Rows, 2> out = {output_out, output_lse};
+  check_columns(in, "group_reduce_lse input", true);
+  check_columns(out, "group_reduce_lse output", true);
+  MAGI_CHECK(input_out.dtype == output_out.dtype && input_out.row_elems == output_out.row_elems &&
+                 input_lse.row_elems == output_lse.row_elems,
+             "group_reduce_lse: input and output rows differ in shape or dtype");
+  MAGI_CHECK(output_lse.row_elems > 0 && output_out.row_elems % output_lse.row_elems == 0,
+             "group_reduce_lse: out rows of ", output_out.row_elems,
+             " elements are not heads x d for ", output_lse.row_elems, " lse heads");
+  const ExchangeLayout layout =
+      reduce_layout(rank_, size_, input_out.num_rows, input_split_sizes, dst_rank,
+                    output_out.num_rows, output_split_sizes, src_ranks, ReduceOp::kLseMerge);
+  Messages m = pack_messages(layout, in, out);
+  return std::make_unique<ExchangeWork>(
+      *this, "group_reduce_lse", std::move(m.send), std::move(m.recv_bytes),
+      [out, recv = layout.recv](Buffers& got) {
+        for (std::size_t p = 0; p < got.size(); ++p)
+          combine(out, got[p], recv[p], Combine::kLseMerge);
+      });
+}
+
+WorkPtr MpiCommunicator::all_gather_v(const Rows& input, const Rows& output,
+                                      std::span<const std::int64_t> counts) {
+  check_usable("all_gather_v");
+  MAGI_CHECK(std::int64_t(counts.size()) == size_, "all_gather_v: ", counts.size(),
+             " counts for ", size_, " ranks");
+  std::vector<std::int32_t> everyone(static_cast<std::size_t>(size_));
+  for (int r = 0; r < size_; ++r) everyone[std::size_t(r)] = r;
+  const std::int64_t mine = counts[std::size_t(rank_)];
+  const std::vector<std::vector<std::int32_t>> dst{everyone};
+  auto work = group_cast(input, std::span(&mine, 1), dst, output, counts, everyone);
+  return work;
+}
+
+WorkPtr MpiCommunicator::reduce_scatter(const Rows& input, const Rows& output,
+                                        std::span<const std::int64_t> counts) {
+  check_usable("reduce_scatter");
+  MAGI_CHECK(std::int64_t(counts.size()) == size_, "reduce_scatter: ", counts.size(),
+             " counts for ", size_, " ranks");
+  check_columns({&input, 1}, "reduce_scatter input", true);
+  check_columns({&output, 1}, "reduce_scatter output", true);
+  std::vector<std::int32_t> owner(static_cast<std::size_t>(size_));
+  for (int r = 0; r < size_; ++r) owner[std::size_t(r)] = r;
+  const std::int64_t mine = counts[std::size_t(rank_)];
+  const std::vector<std::vector<std::int32_t>> src{owner};
+  MAGI_CHECK(output.num_rows >= mine, "reduce_scatter: output has ", output.num_rows,
+             " rows but rank ", rank_, " owns ", mine);
+  const ExchangeLayout layout = reduce_layout(rank_, size_, input.num_rows, counts, owner,
+                                              output.num_rows, std::span(&mine, 1), src,
+                                              ReduceOp::kSum);
+  Messages m = pack_messages(layout, {&input, 1}, {&output, 1});
+  return std::make_unique<ExchangeWork>(
+      *this, "reduce_scatter", std::move(m.send), std::move(m.recv_bytes),
+      [output, mine, recv = layout.recv](Buffers& got) {
+        if (mine > 0) std::memset(output.data, 0, std::size_t(mine * output.row_bytes()));
+        for (std::size_t p = 0; p < got.size(); ++p)
+          combine({&output, 1}, got[p], recv[p], Combine::kSum);
+      });
+}
+
+WorkPtr MpiCommunicator::all_reduce(const Rows& data, ReduceOp op) {
+  check_usable("all_reduce");
+  MAGI_CHECK(op == ReduceOp::kSum || op == ReduceOp::kMax, "all_reduce: op ",
+             reduce_op_name(op), " is not sum or max");
+  check_columns({&data, 1}, "all_reduce", true);
+  // Every rank gathers all contributions and folds them in rank order, so all ranks hold the
+  // same bits (a tree would differ by rank). Bytes move P times; fine at dispatch sizes.
+  const std::vector<RowRange> whole{{0, data.num_rows}};
+  Buffers send(std::size_t(size_), pack({&data, 1}, whole));
+  std::vector<std::int64_t> recv_bytes(std::size_t(size_), data.num_bytes());
+  const Combine how = op == ReduceOp::kSum ? Combine::kSum : Combine::kMax;
+  return std::make_unique<ExchangeWork>(
+      *this, "all_reduce", std::move(send), std::move(recv_bytes),
+      [data, whole, how](Buffers& got) {
+        combine({&data, 1}, got[0], whole, Combine::kCopy);
+        for (std::size_t p = 1; p < got.size(); ++p) combine({&data, 1}, got[p], whole, how);
+      });
+}
+
+void MpiCommunicator::barrier() {
+  check_usable("barrier");
+  MPI_Request request = MPI_REQUEST_NULL;
+  MAGI_MPI_CHECK(MPI_Ibarrier(comm_, &request));
+  ExchangeWork(*this, "barrier", request, "the other ranks to enter the barrier").wait();
+}
+
+}  // namespace magi::comm::mpi

@@ -1,0 +1,122 @@
+// all_gather_v / reduce_scatter / all_reduce on uneven counts (including ranks with none),
+// barrier, and the timeout path: a rank that skips a call makes the others fail with a named
+// magi::Error within the timeout instead of hanging.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dist_env.h"
+#include "magi/error.h"
+#include "seed.h"
+
+namespace magi::testing {
+namespace {
+
+constexpr std::int64_t kCols = 2;
+
+// Uneven row counts: rank r owns (r * 3) % 5 rows, so some ranks own none.
+std::vector<std::int64_t> uneven_counts(int size) {
+  std::vector<std::int64_t> counts;
+  for (int r = 0; r < size; ++r) counts.push_back((r * 3) % 5);
+  return counts;
+}
+
+TEST(Collectives, AllGatherVUneven) {
+  auto& w = world();
+  const auto counts = uneven_counts(w.size());
+  std::int64_t total = 0, offset = 0;
+  for (int r = 0; r < w.size(); ++r) {
+    if (r < w.rank()) offset += counts[std::size_t(r)];
+    total += counts[std::size_t(r)];
+  }
+  const std::int64_t mine = counts[std::size_t(w.rank())];
+  std::vector<double> in(std::size_t(mine * kCols)), out(std::size_t(total * kCols), -1);
+  for (std::int64_t i = 0; i < mine * kCols; ++i) in[std::size_t(i)] = double(offset * kCols + i);
+  w.all_gather_v({in.data(), mine, kCols, DType::kF64}, {out.data(), total, kCols, DType::kF64}, counts)->wait();
+  for (std::int64_t i = 0; i < total * kCols; ++i) ASSERT_EQ(out[std::size_t(i)], double(i)) << "element " << i;
+}
+
+TEST(Collectives, ReduceScatterSumUneven) {
+  auto& w = world();
+  const auto counts = uneven_counts(w.size());
+  std::int64_t total = 0, offset = 0;
+  for (int r = 0; r < w.size(); ++r) {
+    if (r < w.rank()) offset += counts[std::size_t(r)];
+    total += counts[std::size_t(r)];
+  }
+  std::vector<float> in(std::size_t(total * kCols));
+  for (std::int64_t i = 0; i < total * kCols; ++i) in[std::size_t(i)] = float((w.rank() + 1) * 100 + i);
+  const std::int64_t mine = counts[std::size_t(w.rank())];
+  std::vector<float> out(std::size_t(mine * kCols), 12345.0f);
+  w.reduce_scatter({in.data(), total, kCols, DType::kF32}, {out.data(), mine, kCols, DType::kF32}, counts)->wait();
+  const std::int64_t p = w.size();
+  for (std::int64_t i = 0; i < mine * kCols; ++i)
+    ASSERT_EQ(out[std::size_t(i)], float(100 * p * (p + 1) / 2 + p * (offset * kCols + i))) << "element " << i;
+}
+
+TEST(Collectives, AllReduceSumMaxAndSameBitsEverywhere) {
+  auto& w = world();
+  std::vector<double> sum{double(w.rank()), 1.0, 0.1 * (w.rank() + 1)};
+  std::vector<double> mx{double(w.rank()), -double(w.rank()), 7.0};
+  w.all_reduce({sum.data(), 3, 1, DType::kF64}, comm::ReduceOp::kSum)->wait();
+  w.all_reduce({mx.data(), 3, 1, DType::kF64}, comm::ReduceOp::kMax)->wait();
+  const double p = w.size();
+  EXPECT_EQ(sum[0], p * (p - 1) / 2);
+  EXPECT_EQ(sum[1], p);
+  EXPECT_EQ(mx[0], p - 1);
+  EXPECT_EQ(mx[1], 0.0);
+  EXPECT_EQ(mx[2], 7.0);
+  // The inexact sum of 0.1 (r + 1) must be the same bits on every rank: gather rank 0's.
+  std::vector<double> zero_view{w.rank() == 0 ? sum[2] : 0.0};
+  std::vector<double> ref = zero_view;
+  w.all_reduce({ref.data(), 1, 1, DType::kF64}, comm::ReduceOp::kSum)->wait();
+  EXPECT_EQ(ref[0], sum[2]) << "rank " << w.rank() << " holds different bits than rank 0";
+  w.barrier();
+}
+
+TEST(Collectives, SkippedCallTimesOutWithANamedPeer) {
+  auto& w = world();
+  if (w.size() < 2) GTEST_SKIP() << "needs a peer";
+  comm::mpi::MpiCommunicator c(MPI_COMM_WORLD);  // its own: this test breaks it
+  c.set_timeout(std::chrono::milliseconds(400));
+  const int skipper = 1;
+  std::vector<double> in(std::size_t(c.size())), out(std::size_t(c.size()));
+  std::vector<std::int64_t> ones(std::size_t(c.size()), 1);
+  std::vector<std::vector<std::int32_t>> dst;
+  std::vector<std::int32_t> src;
+  for (int r = 0; r < c.size(); ++r) {
+    dst.push_back({r});
+    src.push_back(r);
+  }
+  if (c.rank() == skipper) {
+    c.mark_broken("the test made this rank skip a call");
+  } else {
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      c.group_cast({in.data(), c.size(), 1, DType::kF64}, ones, dst, {out.data(), c.size(), 1, DType::kF64},
+                   ones, src)
+          ->wait();
+      ADD_FAILURE() << "rank " << c.rank() << ": expected a timeout";
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("timed out after 400 ms"), std::string::npos) << what;
+      EXPECT_NE(what.find("rank 1 (receive"), std::string::npos) << what;
+    }
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_LT(seconds, 3.0);
+    EXPECT_TRUE(c.broken());
+    try {
+      c.barrier();
+      ADD_FAILURE() << "a broken communicator must refuse further calls";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("unusable after an earlier failure"), std::string::npos) << e.what();
+    }
+  }
+  w.barrier();
+}
+
+}  // namespace
+}  // namespace magi::testing
