@@ -30,6 +30,13 @@ bool naive_visible(const Slice& s, std::int64_t q, std::int64_t k) {
   return false;
 }
 
+// A random range inside [0, n], both ends uniform.
+Range rand_range(std::mt19937_64& rng, std::int64_t n) {
+  const std::int64_t a = std::int64_t(rng() % std::uint64_t(n + 1));
+  const std::int64_t b = std::int64_t(rng() % std::uint64_t(n + 1));
+  return a <= b ? Range{a, b} : Range{b, a};
+}
+
 std::int64_t naive_area(const Slice& s, Range rows, Range cols) {
   std::int64_t n = 0;
   for (std::int64_t q = rows.start; q < rows.end; ++q)
@@ -101,13 +108,9 @@ TEST(Mask, AreaOverSubRectanglesRandom) {
 TEST(Mask, KeysSeenByAndRowsSeeingAreExactUnions) {
   const std::uint64_t seed = testing::test_seed();
   std::mt19937_64 rng(seed);
-  auto rand_range = [&](std::int64_t n) {
-    std::int64_t a = std::int64_t(rng() % std::uint64_t(n + 1)), b = std::int64_t(rng() % std::uint64_t(n + 1));
-    return a <= b ? Range{a, b} : Range{b, a};
-  };
   for (int it = 0; it < 3000; ++it) {
-    const Slice s{rand_range(24), rand_range(24), MaskType(rng() % 4)};
-    const Range rows = rand_range(24), keys = rand_range(24);
+    const Slice s{rand_range(rng, 24), rand_range(rng, 24), MaskType(rng() % 4)};
+    const Range rows = rand_range(rng, 24), keys = rand_range(rng, 24);
     std::int64_t k_lo = 1 << 20, k_hi = -1, q_lo = 1 << 20, q_hi = -1;
     for (std::int64_t q = rows.start; q < rows.end; ++q)
       for (std::int64_t k = 0; k < 24; ++k)
@@ -130,13 +133,9 @@ TEST(Mask, KeysSeenByAndRowsSeeingAreExactUnions) {
 TEST(Mask, BandToSlicesIsExactAndSmall) {
   const std::uint64_t seed = testing::test_seed();
   std::mt19937_64 rng(seed);
-  auto rand_range = [&](std::int64_t n) {
-    std::int64_t a = std::int64_t(rng() % std::uint64_t(n + 1)), b = std::int64_t(rng() % std::uint64_t(n + 1));
-    return a <= b ? Range{a, b} : Range{b, a};
-  };
   for (int it = 0; it < 3000; ++it) {
-    const Slice s{rand_range(20), rand_range(20), MaskType(rng() % 4)};
-    const Range rows = rand_range(20), cols = rand_range(20);
+    const Slice s{rand_range(rng, 20), rand_range(rng, 20), MaskType(rng() % 4)};
+    const Range rows = rand_range(rng, 20), cols = rand_range(rng, 20);
     const Band band = band_of(s);
     const std::vector<Slice> pieces =
         band_to_slices(rows.intersect(s.q_range), cols.intersect(s.k_range), band);
@@ -252,12 +251,8 @@ TEST(MaskValidation, OverlapWitnessIsAlwaysASharedCell) {
   std::mt19937_64 rng(seed);
   int overlaps = 0;
   for (int it = 0; it < 2000; ++it) {
-    auto rand_range = [&](std::int64_t n) {
-      std::int64_t a = rng() % (n + 1), b = rng() % (n + 1);
-      return a <= b ? Range{a, b} : Range{b, a};
-    };
-    const Slice s{rand_range(16), rand_range(16), MaskType(rng() % 4)};
-    const Slice t{rand_range(16), rand_range(16), MaskType(rng() % 4)};
+    const Slice s{rand_range(rng, 16), rand_range(rng, 16), MaskType(rng() % 4)};
+    const Slice t{rand_range(rng, 16), rand_range(rng, 16), MaskType(rng() % 4)};
     const std::string msg = error_of(16, 16, {s, t});
     std::int64_t shared = 0, q0 = -1, k0 = -1;
     for (std::int64_t q = 0; q < 16; ++q)
