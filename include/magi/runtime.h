@@ -1,0 +1,35 @@
+// The distributed runtime (SPEC §3): executes a DistPlan on one rank. It decides nothing: the
+// plan says which rows a rank holds, what it fetches per stage and which slices it computes;
+// the runtime moves rows with the Communicator and calls attn_forward / attn_backward.
+// Key decision: out/lse/dq/dk/dv are kept in the compute type (fp32/fp64) on every rank, so
+// the per-stage LSE merges and gradient sums round once, as in the single-process kernel.
+#pragma once
+
+#include "magi/attention.h"
+#include "magi/comm.h"
+#include "magi/plan.h"
+#include "magi/tensor.h"
+
+namespace magi::runtime {
+
+// Global [N, ...] rows (every rank holds all of them) -> this rank's local rows, in the
+// plan's local order. Both views contiguous, same dtype and trailing shape. No communication.
+void dispatch(const plan::DistPlan& plan, const comm::Communicator& comm, const TensorView& global,
+              const TensorView& local);
+// This rank's local rows -> the global [N, ...] rows on every rank (all_gather_v). Collective.
+void undispatch(const plan::DistPlan& plan, comm::Communicator& comm, const TensorView& local,
+                const TensorView& global);
+
+// Forward on local tensors (contiguous; out, lse, max_logits in the compute type). Collective.
+// The sink (if any) enters once, at the host stage; max_logits is reduced (max) over ranks.
+// opts.accumulate must be false.
+void calc_attn_forward(const plan::DistPlan& plan, comm::Communicator& comm, const FwdArgs& local,
+                       const AttnOptions& opts = {});
+// Backward on local tensors (contiguous; dq, dk, dv in the compute type). Collective.
+// dk/dv of rows fetched by other ranks are summed back to their owners (group_reduce).
+// dsink is this rank's partial (its own query rows): the caller sums it over ranks, like any
+// replicated parameter's gradient.
+void calc_attn_backward(const plan::DistPlan& plan, comm::Communicator& comm,
+                        const BwdArgs& local, const AttnOptions& opts = {});
+
+}  // namespace magi::runtime

@@ -1,0 +1,202 @@
+// calc_attn forward/backward: the stage loop of one rank. The K/V casts of stage s+1 are in
+// flight while stage s computes, so only the first fetch (overlapped with the host stage) and
+// compute-starved stages show communication. The backward also returns partial dK/dV of the
+// fetched rows to their owners, waiting for stage s-1's reduce only after stage s computed.
+//
+//   comm   | cast K,V[0] | cast K,V[1] | cast K,V[2] |             |
+//   compute|    host     |   stage 0   |   stage 1   |   stage 2   |
+//   (bwd)  |             |             | reduce dKV0 | reduce dKV1 | reduce dKV2
+#include <cstring>
+#include <limits>
+#include <utility>
+#include <vector>
+
+#include "magi/runtime.h"
+#include "views.h"
+
+namespace magi::runtime {
+
+namespace {
+
+// A contiguous view of `data` shaped like t with `rows` rows (and `dtype`).
+TensorView shaped_like(const TensorView& t, std::int64_t rows, void* data, DType dtype) {
+  TensorView v = t;
+  v.data = data;
+  v.dtype = dtype;
+  v.shape[0] = rows;
+  std::int64_t s = 1;
+  for (int d = v.ndim - 1; d >= 0; --d) v.stride[d] = s, s *= v.shape[d];
+  return v;
+}
+
+// One stage's K/V receive buffers and the casts filling them.
+struct Fetch {
+  std::vector<unsigned char> k_bytes, v_bytes;
+  TensorView k, v;
+  comm::WorkPtr k_work, v_work;
+
+  void wait() {
+    if (k_work) k_work->wait();
+    if (v_work) v_work->wait();
+    k_work.reset();
+    v_work.reset();
+  }
+};
+
+std::int64_t num_rows(const std::vector<Range>& ranges) {
+  std::int64_t n = 0;
+  for (const Range r : ranges) n += r.size();
+  return n;
+}
+
+Fetch post_fetch(comm::Communicator& comm, const plan::Stage& st, const TensorView& k,
+                 const TensorView& v) {
+  const std::int64_t nr = num_rows(st.remote_k_ranges);
+  const comm::Rows k_rows = detail::rows_of(k, "k"), v_rows = detail::rows_of(v, "v");
+  Fetch f;
+  f.k_bytes.resize(std::size_t(nr * k_rows.row_bytes()));
+  f.v_bytes.resize(std::size_t(nr * v_rows.row_bytes()));
+  f.k = shaped_like(k, nr, f.k_bytes.data(), k.dtype);
+  f.v = shaped_like(v, nr, f.v_bytes.data(), v.dtype);
+  f.k_work = comm.group_cast(k_rows, detail::rows_of(f.k, "k receive buffer"), st.cast);
+  f.v_work = comm.group_cast(v_rows, detail::rows_of(f.v, "v receive buffer"), st.cast);
+  return f;
+}
+
+const plan::RankPlan& rank_plan(const plan::DistPlan& plan, const comm::Communicator& comm) {
+  const int cp = int(plan.ranks.size());
+  MAGI_CHECK(comm.size() == cp, "communicator size ", comm.size(), " differs from plan cp ", cp);
+  return plan.ranks[std::size_t(comm.rank())];
+}
+
+DType compute_type(const TensorView& q) {
+  return q.dtype == DType::kF64 ? DType::kF64 : DType::kF32;
+}
+
+// Every check that could fail on one rank only runs before the first collective, so a bad
+// argument throws on that rank instead of leaving its peers waiting for a timeout.
+void check_local(const plan::DistPlan& plan, const comm::Communicator& comm, const TensorView& q,
+                 const TensorView& k, const TensorView& v, const AttnOptions& opts) {
+  MAGI_CHECK(!opts.accumulate, "accumulate: not supported by calc_attn (the runtime merges "
+                               "stages itself; outputs are overwritten)");
+  const std::int64_t nl = plan.dispatch.rank_tokens(comm.rank());
+  for (const auto& [t, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}}) {
+    detail::rows_of(*t, name);
+    MAGI_CHECK(t->shape[0] == nl, name, ": ", t->shape[0], " rows, but rank ", comm.rank(),
+               " holds ", nl, " tokens");
+  }
+}
+
+void check_compute(const TensorView& t, const char* name, DType compute) {
+  detail::rows_of(t, name);
+  MAGI_CHECK(t.dtype == compute, name, ": dtype ", dtype_name(t.dtype),
+             " must be the compute type ", dtype_name(compute), " (stages merge into it)");
+}
+
+void fill(const TensorView& t, double x) {
+  const std::int64_t n = t.numel();
+  if (t.dtype == DType::kF64)
+    for (std::int64_t i = 0; i < n; ++i) t.ptr<double>()[i] = x;
+  else
+    for (std::int64_t i = 0; i < n; ++i) t.ptr<float>()[i] = float(x);
+}
+
+}  // namespace
+
+void calc_attn_forward(const plan::DistPlan& plan, comm::Communicator& comm, const FwdArgs& a,
+                       const AttnOptions& opts) {
+  const plan::RankPlan& rp = rank_plan(plan, comm);
+  check_local(plan, comm, a.q, a.k, a.v, opts);
+  const DType compute = compute_type(a.q);
+  check_compute(a.out, "out", compute);
+  check_compute(a.lse, "lse", compute);
+  if (a.max_logits) check_compute(*a.max_logits, "max_logits", compute);
+  const std::int64_t nl = a.q.shape[0];
+
+  Fetch next;
+  if (!rp.stages.empty()) next = post_fetch(comm, rp.stages[0], a.k, a.v);
+  if (nl > 0) {
+    attn_forward(Mask(nl, nl, rp.host_slices), a, opts);
+  } else if (a.max_logits) {
+    fill(*a.max_logits, -std::numeric_limits<double>::infinity());
+  }
+  AttnOptions acc = opts;
+  acc.accumulate = true;
+  for (std::size_t s = 0; s < rp.stages.size(); ++s) {
+    Fetch cur = std::move(next);
+    cur.wait();
+    if (s + 1 < rp.stages.size()) next = post_fetch(comm, rp.stages[s + 1], a.k, a.v);
+    const plan::Stage& st = rp.stages[s];
+    if (st.slices.empty()) continue;
+    FwdArgs sa = a;
+    sa.k = cur.k;
+    sa.v = cur.v;
+    sa.sink.reset();  // the sink joins each row's normaliser once, at the host stage
+    attn_forward(Mask(nl, cur.k.shape[0], st.slices), sa, acc);
+  }
+  if (a.max_logits) comm.all_reduce(detail::rows_of(*a.max_logits, "max_logits"),
+                                    comm::ReduceOp::kMax)->wait();
+}
+
+void calc_attn_backward(const plan::DistPlan& plan, comm::Communicator& comm, const BwdArgs& a,
+                        const AttnOptions& opts) {
+  const plan::RankPlan& rp = rank_plan(plan, comm);
+  check_local(plan, comm, a.q, a.k, a.v, opts);
+  const DType compute = compute_type(a.q);
+  check_compute(a.dq, "dq", compute);
+  check_compute(a.dk, "dk", compute);
+  check_compute(a.dv, "dv", compute);
+  if (a.dsink) MAGI_CHECK(a.dsink->is_contiguous(), "dsink: must be contiguous, got ",
+                          a.dsink->describe());
+  const std::int64_t nl = a.q.shape[0];
+  const comm::Rows dk_rows = detail::rows_of(a.dk, "dk"), dv_rows = detail::rows_of(a.dv, "dv");
+
+  Fetch next;
+  if (!rp.stages.empty()) next = post_fetch(comm, rp.stages[0], a.k, a.v);
+  if (nl > 0) {
+    attn_backward(Mask(nl, nl, rp.host_slices), a, opts);
+  } else if (a.dsink) {
+    fill(*a.dsink, 0.0);
+  }
+  AttnOptions acc = opts;
+  acc.accumulate = true;
+  // Partial dK/dV of the previous stage stay alive until its reduce is waited on.
+  std::vector<unsigned char> prev_dk, prev_dv;
+  comm::WorkPtr prev_dk_work, prev_dv_work;
+  for (std::size_t s = 0; s < rp.stages.size(); ++s) {
+    Fetch cur = std::move(next);
+    cur.wait();
+    if (s + 1 < rp.stages.size()) next = post_fetch(comm, rp.stages[s + 1], a.k, a.v);
+    const plan::Stage& st = rp.stages[s];
+    const std::int64_t nr = cur.k.shape[0];
+    const std::size_t part_bytes = std::size_t(nr * detail::row_elems(a.dk) * dtype_size(compute));
+    std::vector<unsigned char> dk_part(part_bytes, 0), dv_part(part_bytes, 0);  // 0.0 is all-zero bits
+    const TensorView pdk = shaped_like(a.dk, nr, dk_part.data(), compute);
+    const TensorView pdv = shaped_like(a.dv, nr, dv_part.data(), compute);
+    if (!st.slices.empty()) {
+      BwdArgs sa = a;
+      sa.k = cur.k;
+      sa.v = cur.v;
+      sa.dk = pdk;
+      sa.dv = pdv;
+      sa.sink.reset();  // dsink is a host-stage term only (as the sink is in the forward)
+      sa.dsink.reset();
+      attn_backward(Mask(nl, nr, st.slices), sa, acc);
+    }
+    const plan::GroupReduceArgs ra = plan::reduce_args(st.cast);
+    comm::WorkPtr dk_work = comm.group_reduce(detail::rows_of(pdk, "dk partial"), dk_rows, ra,
+                                              comm::ReduceOp::kSum);
+    comm::WorkPtr dv_work = comm.group_reduce(detail::rows_of(pdv, "dv partial"), dv_rows, ra,
+                                              comm::ReduceOp::kSum);
+    if (prev_dk_work) prev_dk_work->wait();
+    if (prev_dv_work) prev_dv_work->wait();
+    prev_dk = std::move(dk_part);
+    prev_dv = std::move(dv_part);
+    prev_dk_work = std::move(dk_work);
+    prev_dv_work = std::move(dv_work);
+  }
+  if (prev_dk_work) prev_dk_work->wait();
+  if (prev_dv_work) prev_dv_work->wait();
+}
+
+}  // namespace magi::runtime
