@@ -17,8 +17,19 @@
 #include <nlohmann/json.hpp>
 
 #include "magi/attention.h"
+#include "magi/error.h"
 #include "mask_flags.h"
 #include "oracle.h"
+
+#ifdef MAGI_CLI_MPI  // distributed `run` under mpirun: the runtime over the MPI communicator
+#include <mpi.h>
+
+#include <cstdlib>
+
+#include "magi/plan.h"
+#include "magi/runtime.h"
+#include "mpi_communicator.h"
+#endif
 
 namespace magi::cli {
 namespace {
@@ -32,7 +43,10 @@ struct RunFlags {
   std::int64_t sink = 0;
   std::int64_t check_rows = 64;
   bool json = false;
+  int ranks = 0;  // --ranks: expect this many MPI ranks (0: run distributed only under mpirun)
 };
+
+bool g_quiet = false;  // ranks other than 0 print nothing
 
 // fp64: SPEC §5's bar for the CPU backend. fp32, bf16, fp16: inputs are rounded to their
 // dtype once and the oracle reads the same rounded values, while the CPU backend widens them
@@ -176,18 +190,18 @@ std::vector<double> gather_rows(const Buffer& b, const std::vector<std::int64_t>
 
 template <typename F>
 double timed(const std::string& what, F&& f) {
-  std::cerr << "[magiattn] " << what << "..." << std::flush;
+  if (!g_quiet) std::cerr << "[magiattn] " << what << "..." << std::flush;
   const auto start = std::chrono::steady_clock::now();
   try {
     f();
   } catch (...) {
-    std::cerr << " failed\n";  // end the progress line before the error is printed
+    if (!g_quiet) std::cerr << " failed\n";  // end the progress line before the error is printed
     throw;
   }
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   char line[32];
   std::snprintf(line, sizeof line, " %.2f s\n", s);
-  std::cerr << line;
+  if (!g_quiet) std::cerr << line;
   return s;
 }
 
@@ -203,6 +217,12 @@ struct Result {
   double bar = 0;
   std::size_t num_q_checked = 0, num_k_checked = 0;
   bool pass = true;
+  // Distributed runs only: per-rank lines (rank 0's view), fwd_s/bwd_s above are the slowest.
+  struct RankLine {
+    std::int64_t tokens = 0, area = 0;
+    double fwd_s = 0, bwd_s = 0, bytes_in = 0, bytes_out = 0;
+  };
+  std::vector<RankLine> ranks;
 };
 
 int num_threads(const RunFlags& f) {
@@ -226,6 +246,26 @@ void print_table(const RunFlags& f, const NamedMask& m, const Result& r) {
               << (e ? fmt("%.2e", *e) : "not checked (no row within the oracle's budget)") << "\n";
   }
   if (f.sink > 0) std::cout << "            (dsink is not checked: the sampled oracle has none)\n";
+  if (!r.ranks.empty()) {
+    std::cout << "ranks       " << r.ranks.size()
+              << " (MPI; bytes: K/V rows the plan's forward casts move, in the input dtype; "
+                 "backward returns as many dK/dV rows)\n"
+              << "rank    tokens          area   forward  backward     bytes in    bytes out\n";
+    std::size_t slowest = 0;
+    for (std::size_t i = 0; i < r.ranks.size(); ++i) {
+      const auto& l = r.ranks[i];
+      if (l.fwd_s + l.bwd_s > r.ranks[slowest].fwd_s + r.ranks[slowest].bwd_s) slowest = i;
+      char line[160];
+      std::snprintf(line, sizeof line, "%-4zu %9lld %13lld %8.3f s %8.3f s %12.0f %12.0f\n", i,
+                    static_cast<long long>(l.tokens), static_cast<long long>(l.area), l.fwd_s,
+                    l.bwd_s, l.bytes_in, l.bytes_out);
+      std::cout << line;
+    }
+    std::cout << "slowest     rank " << slowest << ", "
+              << fmt("%.3f s", r.ranks[slowest].fwd_s + r.ranks[slowest].bwd_s)
+              << " (forward + backward); slowest forward " << fmt("%.3f s", r.fwd_s)
+              << ", slowest backward " << fmt("%.3f s", r.bwd_s) << "\n";
+  }
   std::cout << "result      " << (r.pass ? "PASS" : "FAIL") << "\n";
 }
 
@@ -252,12 +292,72 @@ void print_json(const RunFlags& f, const NamedMask& m, const Result& r) {
   j["bar"] = r.bar;
   j["checked_q_rows"] = r.num_q_checked;
   j["checked_k_rows"] = r.num_k_checked;
+  if (!r.ranks.empty()) {
+    j["ranks"] = r.ranks.size();
+    for (const auto& l : r.ranks)
+      j["per_rank"].push_back({{"tokens", l.tokens}, {"area", l.area}, {"fwd_s", l.fwd_s},
+                               {"bwd_s", l.bwd_s}, {"bytes_in", l.bytes_in},
+                               {"bytes_out", l.bytes_out}});
+  }
   j["pass"] = r.pass;
   std::cout << j.dump() << "\n";
 }
 
-int run_attention(const RunFlags& f) {
+#ifdef MAGI_CLI_MPI
+// Under mpirun (Open MPI, MPICH/PMI, Slurm) or with --ranks: MPI is initialised only then.
+bool launched_by_mpi() {
+  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"}) {
+    if (std::getenv(v) != nullptr) return true;
+  }
+  return false;
+}
+
+// MPI_Init on construction, MPI_Finalize on destruction (after the communicator is gone).
+struct MpiSession {
+  MpiSession() {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (!initialized) MPI_Init(nullptr, nullptr);
+  }
+  ~MpiSession() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Finalize();
+  }
+  MpiSession(const MpiSession&) = delete;
+  MpiSession& operator=(const MpiSession&) = delete;
+};
+
+// Rows a rank receives / sends in the plan's forward casts (as DistPlan::summary counts them).
+std::pair<std::int64_t, std::int64_t> cast_rows(const plan::RankPlan& rp) {
+  std::int64_t in = 0, out = 0;
+  for (const plan::Stage& st : rp.stages) {
+    for (std::int64_t s : st.cast.output_split_sizes) in += s;
+    for (std::size_t i = 0; i < st.cast.input_split_sizes.size(); ++i)
+      out += st.cast.input_split_sizes[i] * std::int64_t(st.cast.dst_ranks[i].size());
+  }
+  return {in, out};
+}
+#endif
+
+int run_attention(RunFlags f) {
   const NamedMask m = make_mask(f.mask);
+#ifdef MAGI_CLI_MPI
+  std::optional<MpiSession> mpi_session;
+  std::unique_ptr<comm::mpi::MpiCommunicator> world;
+  if (f.ranks > 0 || launched_by_mpi()) {
+    mpi_session.emplace();
+    world = std::make_unique<comm::mpi::MpiCommunicator>();
+    MAGI_CHECK(f.ranks == 0 || f.ranks == world->size(), "--ranks ", f.ranks, ": running on ",
+               world->size(), " MPI ranks");
+    g_quiet = world->rank() != 0;
+    // Ranks share the host: split its cores unless --threads says otherwise.
+    if (f.threads == 0)
+      f.threads = std::max(1, int(std::thread::hardware_concurrency()) / world->size());
+  }
+#else
+  MAGI_CHECK(f.ranks == 0, "--ranks: this magiattn was built without MPI");
+#endif
   const DType dtype = dtype_from_name(f.dtype);
   const DType compute = dtype == DType::kF64 ? DType::kF64 : DType::kF32;
   const std::int64_t nq = m.mask.total_seqlen_q(), nk = m.mask.total_seqlen_k();
@@ -298,8 +398,93 @@ int run_attention(const RunFlags& f) {
     fa.sink = ba.sink = sink.view({ns, hq});
     ba.dsink = dsink.view({ns, hq});
   }
-  const double fwd_s = timed("forward", [&] { attn_forward(m.mask, fa, opts); });
-  const double bwd_s = timed("backward", [&] { attn_backward(m.mask, ba, opts); });
+  double fwd_s = 0, bwd_s = 0;
+  std::vector<Result::RankLine> rank_lines;
+#ifdef MAGI_CLI_MPI
+  if (world) {
+    comm::Communicator& comm = *world;
+    const int rank = comm.rank(), cp = comm.size();
+    plan::PlanOptions po;
+    po.dispatch.cp = cp;
+    plan::DistPlan dp;
+    timed("plan for " + std::to_string(cp) + " ranks", [&] { dp = plan::make_plan(m.mask, po); });
+    const std::int64_t nl = dp.dispatch.rank_tokens(rank);
+    Buffer ql(dtype, nl * hq * d), kl(dtype, nl * hkv * d), vl(dtype, nl * hkv * d);
+    Buffer dol(dtype, nl * hq * d), ol(compute, nl * hq * d), ll(compute, nl * hq);
+    Buffer dql(compute, nl * hq * d), dkl(compute, nl * hkv * d), dvl(compute, nl * hkv * d);
+    timed("dispatch", [&] {
+      runtime::dispatch(dp, comm, fa.q, ql.view({nl, hq, d}));
+      runtime::dispatch(dp, comm, fa.k, kl.view({nl, hkv, d}));
+      runtime::dispatch(dp, comm, fa.v, vl.view({nl, hkv, d}));
+      runtime::dispatch(dp, comm, ba.dout, dol.view({nl, hq, d}));
+    });
+    FwdArgs la;
+    la.q = ql.view({nl, hq, d});
+    la.k = kl.view({nl, hkv, d});
+    la.v = vl.view({nl, hkv, d});
+    la.out = ol.view({nl, hq, d});
+    la.lse = ll.view({nl, hq});
+    BwdArgs lb;
+    lb.dout = dol.view({nl, hq, d});
+    lb.q = la.q, lb.k = la.k, lb.v = la.v, lb.out = la.out, lb.lse = la.lse;
+    lb.dq = dql.view({nl, hq, d});
+    lb.dk = dkl.view({nl, hkv, d});
+    lb.dv = dvl.view({nl, hkv, d});
+    if (ns > 0) {
+      la.sink = lb.sink = fa.sink;
+      lb.dsink = ba.dsink;
+    }
+    comm.barrier();  // every rank starts the timed forward together
+    const double my_fwd =
+        timed("forward (rank 0)", [&] { runtime::calc_attn_forward(dp, comm, la, opts); });
+    comm.barrier();
+    const double my_bwd =
+        timed("backward (rank 0)", [&] { runtime::calc_attn_backward(dp, comm, lb, opts); });
+    if (ns > 0) {  // dsink is a per-rank partial: summed like a replicated parameter's gradient
+      comm.all_reduce(comm::Rows{dsink.view({ns, hq}).data, 1, ns * hq, compute},
+                      comm::ReduceOp::kSum)
+          ->wait();
+    }
+    timed("undispatch", [&] {
+      runtime::undispatch(dp, comm, la.out, fa.out);
+      runtime::undispatch(dp, comm, la.lse, fa.lse);
+      runtime::undispatch(dp, comm, lb.dq, ba.dq);
+      runtime::undispatch(dp, comm, lb.dk, ba.dk);
+      runtime::undispatch(dp, comm, lb.dv, ba.dv);
+    });
+    // Every rank's times to every rank; the table reports the slowest.
+    // Through the Communicator, not raw MPI, so a dead rank gives an error, never a hang.
+    std::vector<double> times(std::size_t(2 * cp), 0.0);
+    times[std::size_t(2 * rank)] = my_fwd;
+    times[std::size_t(2 * rank + 1)] = my_bwd;
+    comm.all_reduce(comm::Rows{times.data(), 1, 2 * cp, DType::kF64}, comm::ReduceOp::kSum)->wait();
+    const double row_bytes = double(2 * hkv * d * dtype_size(dtype));  // one K row + one V row
+    for (int r = 0; r < cp; ++r) {
+      const plan::RankPlan& rp = dp.ranks[std::size_t(r)];
+      Result::RankLine l;
+      l.tokens = dp.dispatch.rank_tokens(r);
+      l.area = rp.host_area;
+      for (const plan::Stage& st : rp.stages) l.area += st.area;
+      l.fwd_s = times[std::size_t(2 * r)];
+      l.bwd_s = times[std::size_t(2 * r + 1)];
+      const auto [in, out_rows] = cast_rows(rp);
+      l.bytes_in = double(in) * row_bytes;
+      l.bytes_out = double(out_rows) * row_bytes;
+      fwd_s = std::max(fwd_s, l.fwd_s);
+      bwd_s = std::max(bwd_s, l.bwd_s);
+      rank_lines.push_back(l);
+    }
+    if (rank != 0) {  // rank 0 checks against the oracle; the others wait for its verdict
+      double pass = 0;  // the verdict is rank 0's contribution to a sum
+      comm.all_reduce(comm::Rows{&pass, 1, 1, DType::kF64}, comm::ReduceOp::kSum)->wait();
+      return pass > 0 ? 0 : 1;
+    }
+  } else
+#endif
+  {
+    fwd_s = timed("forward", [&] { attn_forward(m.mask, fa, opts); });
+    bwd_s = timed("backward", [&] { attn_backward(m.mask, ba, opts); });
+  }
 
   std::mt19937_64 rng(f.mask.spec.seed + 0x5eed);
   const auto q_rows = pick_query_rows(nq, f.check_rows, rng);
@@ -329,6 +514,13 @@ int run_attention(const RunFlags& f) {
   r.num_q_checked = q_rows.size();
   r.num_k_checked = k_rows.size();
   for (const auto& [name, e] : r.errors) r.pass = r.pass && (!e || *e <= r.bar);  // NaN fails
+  r.ranks = std::move(rank_lines);
+#ifdef MAGI_CLI_MPI
+  if (world) {
+    double pass = r.pass ? 1 : 0;
+    world->all_reduce(comm::Rows{&pass, 1, 1, DType::kF64}, comm::ReduceOp::kSum)->wait();
+  }
+#endif
   if (f.json) {
     print_json(f, m, r);
   } else {
@@ -371,6 +563,11 @@ Command add_run_command(CLI::App& parent) {
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--json", flags->json, "print one JSON result line instead of the table");
+  cmd->add_option("--ranks", flags->ranks,
+                  "expect this many MPI ranks and run distributed (under mpirun, detected "
+                  "without it; 0: auto)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
   return {cmd, [flags] { return run_attention(*flags); }};
 }
 

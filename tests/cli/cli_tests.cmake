@@ -47,3 +47,17 @@ magi_cli_test(plan_bad_algorithm 2 "magiattn: error: --algorithm 'lpt'" plan --s
               --algorithm lpt)
 magi_cli_test(plan_indivisible 2 "magiattn: error: .*not divisible by cp 3" plan --seqlen 1000
               --cp 3)
+
+# `mpirun -np N magiattn run`: the distributed run through the runtime, checked on rank 0.
+if(TARGET magi_runtime AND TARGET magi_comm_mpi)
+  find_package(MPI COMPONENTS CXX)
+  set(cli_mpi_flags --oversubscribe --allow-run-as-root ${MPIEXEC_PREFLAGS})
+  foreach(np 2 4)
+    add_test(NAME cli.run_mpi_np${np}
+             COMMAND ${MPIEXEC_EXECUTABLE} ${cli_mpi_flags} ${MPIEXEC_NUMPROC_FLAG} ${np}
+                     $<TARGET_FILE:magiattn> run --seqlen 2048)
+    set_tests_properties(cli.run_mpi_np${np} PROPERTIES TIMEOUT 120 PASS_REGULAR_EXPRESSION
+                         "result +PASS" FAIL_REGULAR_EXPRESSION "result +FAIL;magiattn: (internal )?error"
+                         ENVIRONMENT "OMPI_MCA_rmaps_base_oversubscribe=1" PROCESSORS 2)
+  endforeach()
+endif()
