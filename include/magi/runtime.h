@@ -5,6 +5,9 @@
 // the per-stage LSE merges and gradient sums round once, as in the single-process kernel.
 #pragma once
 
+#include <cstdint>
+#include <optional>
+
 #include "magi/attention.h"
 #include "magi/comm.h"
 #include "magi/plan.h"
@@ -31,5 +34,15 @@ void calc_attn_forward(const plan::DistPlan& plan, comm::Communicator& comm, con
 // replicated parameter's gradient.
 void calc_attn_backward(const plan::DistPlan& plan, comm::Communicator& comm,
                         const BwdArgs& local, const AttnOptions& opts = {});
+
+// torch.roll along the GLOBAL token order on dispatched local rows (SPEC §3: shifted labels
+// for multi-token prediction). fill empty (torch.roll): out[g] = in[(g - shift) mod N], any
+// shift (negative, > N). fill set (a shift without wrap): out[g] = in[g - shift] where
+// 0 <= g - shift < N, else every element of row g is *fill (converted to the dtype). Both
+// views contiguous [rank_tokens(rank), ...], same dtype and trailing shape, not aliased.
+// Rows a rank keeps are copied locally; the rest move in one group_cast. Collective; bit-exact.
+void roll(const plan::DistPlan& plan, comm::Communicator& comm, const TensorView& local_in,
+          const TensorView& local_out, std::int64_t shift,
+          std::optional<double> fill = std::nullopt);
 
 }  // namespace magi::runtime
