@@ -5,7 +5,10 @@
 // a failing rank still joins every later collective instead of hanging its peers.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -31,21 +34,51 @@ std::vector<std::int64_t> random_cu(std::mt19937_64& rng, std::int64_t n) {
   return cu;
 }
 
-// Builders of SPEC §1 by index; every rank draws the same one.
+// Every builder of SPEC §1 by index (kNumKinds - 1: a random mask with overlapping q ranges
+// and all four slice types); every rank draws the same one.
+constexpr int kNumKinds = 15;
+
 Mask make_mask(int kind, std::mt19937_64& rng, std::int64_t n, std::int64_t chunk) {
   switch (kind) {
-    case 0: return masks::causal(n, n);
-    case 1: return masks::varlen_causal(random_cu(rng, n));
-    case 2: return masks::sliding_window(n, n, {3, 1});
-    case 3: {  // overlapping q ranges: every answer sees the shared question
+    case 0: return masks::full(n, n);
+    case 1: return masks::causal(n, n);
+    case 2: return masks::varlen_full(random_cu(rng, n));
+    case 3: return masks::varlen_causal(random_cu(rng, n));
+    case 4: return masks::sliding_window(n, n, {3, 1});
+    case 5: return masks::varlen_sliding_window(random_cu(rng, n), {4, 0}, 2);
+    case 6: return masks::block_causal(n, 3);
+    case 7: return masks::varlen_block_causal(random_cu(rng, n), 3, true);
+    case 8: return masks::prefix_lm(n, n / 3);
+    case 9: {  // overlapping q ranges: every answer sees the shared question
       const std::int64_t question = n / 3, a = (n - question) / 2;
       const std::vector<std::int64_t> answers{a, n - question - a};
       return masks::shared_question(question, answers);
     }
-    case 4:  // only the first chunk's rows see anything: most ranks compute nothing
+    case 10: {  // block-sparse from a random block mask (blocks of 3, last block short)
+      const std::int64_t nb = (n + 2) / 3;
+      std::vector<std::uint8_t> blocks(std::size_t(nb * nb));
+      for (auto& b : blocks) b = rng() % 3 == 0;
+      return masks::block_sparse(blocks, n, n, 3, 3);
+    }
+    case 11: {  // block-sparse from top-k indices, with -1 padding
+      const std::int64_t nb = (n + 3) / 4, topk = std::min<std::int64_t>(2, nb);
+      std::vector<std::int64_t> idx;
+      for (std::int64_t r = 0; r < nb; ++r) {
+        idx.push_back(std::int64_t(rng() % std::uint64_t(nb)));
+        if (topk > 1) idx.push_back(rng() % 2 ? -1 : (idx.back() + 1) % nb);
+      }
+      return masks::block_sparse_topk(idx, topk, n, n, 4, 4);
+    }
+    case 12: {  // from a dense boolean mask (random rows of intervals)
+      std::vector<std::uint8_t> dense(std::size_t(n * n));
+      for (std::int64_t i = 0; i < n; ++i) {
+        const std::int64_t a = std::int64_t(rng() % std::uint64_t(n)), b = a + 1 + std::int64_t(rng() % std::uint64_t(n - a));
+        for (std::int64_t j = a; j < b; ++j) dense[std::size_t(i * n + j)] = 1;
+      }
+      return masks::from_dense(dense, n, n);
+    }
+    case 13:  // only the first chunk's rows see anything: most ranks' tokens are all masked
       return Mask(n, n, {Slice{{0, chunk}, {0, n}, MaskType::kFull}});
-    case 5: return masks::varlen_sliding_window(random_cu(rng, n), {4, 0}, 2);
-    case 6: return masks::varlen_block_causal(random_cu(rng, n), 3, true);
     default: return testing::random_mask(rng, n, n, 6);
   }
 }
@@ -61,26 +94,55 @@ void expect_close(const std::vector<double>& got, const std::vector<double>& wan
       << what << " on rank " << world().rank();
 }
 
+bool all_finite(const std::vector<double>& xs) {
+  return std::all_of(xs.begin(), xs.end(), [](double x) { return std::isfinite(x); });
+}
+
+// Rows that see no key (and have no sink) hold out 0 and lse -inf; every other value is finite.
+void expect_no_nan(const std::vector<double>& out, const std::vector<double>& lse,
+                   std::int64_t hq, std::int64_t d, const std::string& where) {
+  for (std::size_t r = 0; r < lse.size(); ++r) {
+    const double l = lse[r];
+    EXPECT_FALSE(std::isnan(l) || l == std::numeric_limits<double>::infinity())
+        << where << ": lse row " << r / std::size_t(hq) << " head " << r % std::size_t(hq) << " is " << l;
+    for (std::int64_t c = 0; c < d; ++c) {
+      const double o = out[r * std::size_t(d) + std::size_t(c)];
+      if (!std::isfinite(o) || (std::isinf(l) && o != 0.0)) {
+        ADD_FAILURE() << where << ": out row " << r / std::size_t(hq) << " is " << o << " (lse " << l << ")";
+        return;
+      }
+    }
+  }
+}
+
 void run_case(int kind, std::mt19937_64& rng, const std::string& where) {
   comm::Communicator& comm = world();
   const int cp = comm.size();
   const std::int64_t chunk = 1 + std::int64_t(rng() % 4);
-  const std::int64_t n = chunk * cp * (2 + std::int64_t(rng() % 3));
+  // Uneven shards: a short last chunk, so ranks hold different token counts.
+  const bool uneven = rng() % 3 == 0 && chunk * cp > 1;
+  const std::int64_t n = chunk * cp * (2 + std::int64_t(rng() % 3)) -
+                         (uneven ? 1 + std::int64_t(rng() % std::uint64_t(chunk * cp - 1)) : 0);
   const Mask mask = make_mask(kind, rng, n, chunk);
   const bool gqa = rng() % 2, with_sink = rng() % 2;
   const std::int64_t hq = 4, hkv = gqa ? 2 : 4, d = 8, sink_len = with_sink ? 2 : 0;
   testing::Config cfg = testing::config_for(DType::kF64);
   cfg.opts.softcap = rng() % 3 == 0 ? 5.0 : 0.0;
   cfg.opts.num_threads = 1;  // ranks share 2 cores in CI
+  // Per-token sink ("ssh") rows are dispatched with q; per-head ("sh") is replicated.
+  const bool ssh = with_sink && rng() % 2;
+  if (ssh) cfg.opts.sink_layout = SinkLayout::kSSH;
   const oracle::Problem p = testing::random_problem(rng, n, n, hq, hkv, d, cfg, sink_len);
   plan::PlanOptions po;
   po.dispatch.cp = cp;
   po.dispatch.chunk_size = chunk;
+  po.dispatch.uneven = uneven;
   po.num_stages = int(rng() % 4);
   const plan::DistPlan dp = plan::make_plan(mask, po);
   const std::string tag = where + " mask kind " + std::to_string(kind) + " n " +
-                          std::to_string(n) + " stages " + std::to_string(po.num_stages) +
-                          (gqa ? " gqa" : "") + (with_sink ? " sink" : "") +
+                          std::to_string(n) + " chunk " + std::to_string(chunk) + " stages " +
+                          std::to_string(po.num_stages) + (uneven ? " uneven" : "") +
+                          (gqa ? " gqa" : "") + (with_sink ? (ssh ? " sink ssh" : " sink sh") : "") +
                           (cfg.opts.softcap > 0 ? " softcap" : "");
   SCOPED_TRACE(tag);
 
@@ -88,7 +150,8 @@ void run_case(int kind, std::mt19937_64& rng, const std::string& where) {
   std::vector<double> q = p.q, k = p.k, v = p.v, dout = p.dout, sink = p.sink;
   std::vector<double> out(q.size()), lse(std::size_t(n * hq)), ml(static_cast<std::size_t>(hq));
   std::vector<double> dq(q.size()), dk(k.size()), dv(v.size()), dsink(sink.size());
-  const TensorView sink_v = view(sink, {std::max<std::int64_t>(sink_len, 1), hq});
+  const TensorView sink_v = ssh ? view(sink, {n, sink_len, hq})
+                                : view(sink, {std::max<std::int64_t>(sink_len, 1), hq});
   FwdArgs fa{view(q, {n, hq, d}), view(k, {n, hkv, d}), view(v, {n, hkv, d}),
              view(out, {n, hq, d}), view(lse, {n, hq}), std::nullopt, view(ml, {hq})};
   if (with_sink) fa.sink = sink_v;
@@ -96,32 +159,42 @@ void run_case(int kind, std::mt19937_64& rng, const std::string& where) {
   BwdArgs ba{view(dout, {n, hq, d}), fa.q, fa.k, fa.v, fa.out, fa.lse,
              view(dq, {n, hq, d}), view(dk, {n, hkv, d}), view(dv, {n, hkv, d}),
              std::nullopt, std::nullopt};
-  if (with_sink) ba.sink = sink_v, ba.dsink = view(dsink, {sink_len, hq});
+  if (with_sink) ba.sink = sink_v, ba.dsink = ssh ? view(dsink, {n, sink_len, hq}) : view(dsink, {sink_len, hq});
   attn_backward(mask, ba, cfg.opts);
 
   // Distributed: dispatch, forward, backward, undispatch.
   const std::int64_t nl = dp.dispatch.rank_tokens(comm.rank());
-  auto local = [&](std::vector<double>& global, std::int64_t h) {
-    std::vector<double> l(std::size_t(nl * h * d));
-    runtime::dispatch(dp, comm, view(global, {n, h, d}), view(l, {nl, h, d}));
+  auto local = [&](std::vector<double>& global, std::int64_t h, std::int64_t w) {
+    std::vector<double> l(std::size_t(nl * h * w));
+    runtime::dispatch(dp, comm, view(global, {n, h, w}), view(l, {nl, h, w}));
     return l;
   };
-  std::vector<double> ql = local(q, hq), kl = local(k, hkv), vl = local(v, hkv),
-                      dol = local(dout, hq);
+  std::vector<double> ql = local(q, hq, d), kl = local(k, hkv, d), vl = local(v, hkv, d),
+                      dol = local(dout, hq, d);
+  std::vector<double> sl = ssh ? local(sink, sink_len, hq) : sink;
+  const TensorView sink_l = ssh ? view(sl, {nl, sink_len, hq}) : sink_v;
   std::vector<double> ol(ql.size()), ll(std::size_t(nl * hq)), mll(static_cast<std::size_t>(hq));
   FwdArgs la{view(ql, {nl, hq, d}), view(kl, {nl, hkv, d}), view(vl, {nl, hkv, d}),
              view(ol, {nl, hq, d}), view(ll, {nl, hq}), std::nullopt, view(mll, {hq})};
-  if (with_sink) la.sink = sink_v;
+  if (with_sink) la.sink = sink_l;
   runtime::calc_attn_forward(dp, comm, la, cfg.opts);
-  std::vector<double> dql(ql.size()), dkl(kl.size()), dvl(vl.size()), dsl(sink.size());
+  std::vector<double> dql(ql.size()), dkl(kl.size()), dvl(vl.size()), dsl(sl.size());
   BwdArgs lb{view(dol, {nl, hq, d}), la.q, la.k, la.v, la.out, la.lse,
              view(dql, {nl, hq, d}), view(dkl, {nl, hkv, d}), view(dvl, {nl, hkv, d}),
              std::nullopt, std::nullopt};
-  if (with_sink) lb.sink = sink_v, lb.dsink = view(dsl, {sink_len, hq});
+  if (with_sink) lb.sink = sink_l, lb.dsink = ssh ? view(dsl, {nl, sink_len, hq}) : view(dsl, {sink_len, hq});
   runtime::calc_attn_backward(dp, comm, lb, cfg.opts);
-  if (with_sink)  // dsink is per-rank partial: summed like a replicated parameter's gradient
+  expect_no_nan(ol, ll, hq, d, "local forward on rank " + std::to_string(comm.rank()));
+  EXPECT_TRUE(all_finite(dql) && all_finite(dkl) && all_finite(dvl) && all_finite(dsl))
+      << "non-finite gradient on rank " << comm.rank();
+  std::vector<double> dsg = dsink;
+  if (with_sink && !ssh) {  // "sh" dsink is per-rank partial: summed like a replicated parameter's gradient
     comm.all_reduce(comm::Rows{dsl.data(), 1, std::int64_t(dsl.size()), DType::kF64},
                     comm::ReduceOp::kSum)->wait();
+    dsg = dsl;
+  } else if (ssh) {  // "ssh" dsink rows belong to the rank's q rows
+    runtime::undispatch(dp, comm, view(dsl, {nl, sink_len, hq}), view(dsg, {n, sink_len, hq}));
+  }
 
   auto global = [&](std::vector<double>& l, std::int64_t h) {
     std::vector<double> g(std::size_t(n * h * d));
@@ -137,23 +210,25 @@ void run_case(int kind, std::mt19937_64& rng, const std::string& where) {
   expect_close(dqg, dq, "dq");
   expect_close(dkg, dk, "dk");
   expect_close(dvg, dv, "dv");
-  if (with_sink) expect_close(dsl, dsink, "dsink");
+  if (with_sink) expect_close(dsg, dsink, "dsink");
 
   if (n <= 48) {  // the oracle is O(n^2) per head and materialises the dense mask
     const oracle::FwdResult of = oracle::forward(mask, p);
     const oracle::BwdResult ob = oracle::backward(mask, p);
     expect_close(og, of.out, "out vs oracle", 1e-10);
     expect_close(lg, of.lse, "lse vs oracle", 1e-10);
+    expect_close(mll, of.max_logits, "max_logits vs oracle", 1e-10);
     expect_close(dqg, ob.dq, "dq vs oracle", 1e-10);
     expect_close(dkg, ob.dk, "dk vs oracle", 1e-10);
     expect_close(dvg, ob.dv, "dv vs oracle", 1e-10);
+    if (with_sink) expect_close(dsg, ob.dsink, "dsink vs oracle", 1e-10);
   }
 }
 
 TEST(Runtime, EveryBuilderMatchesSingleProcess) {
   const std::uint64_t seed = testing::test_seed();
   std::mt19937_64 rng(seed ^ 0x7e5);
-  for (int kind = 0; kind < 8; ++kind)
+  for (int kind = 0; kind < kNumKinds; ++kind)
     run_case(kind, rng, testing::seed_note(seed));
 }
 
@@ -161,7 +236,57 @@ TEST(Runtime, RandomSweep) {
   const std::uint64_t seed = testing::test_seed();
   std::mt19937_64 rng(seed ^ 0x5eed);
   const int cases = testing::full_level() ? 60 : 12;
-  for (int c = 0; c < cases; ++c) run_case(int(rng() % 8), rng, testing::seed_note(seed));
+  for (int c = 0; c < cases; ++c) run_case(int(rng() % kNumKinds), rng, testing::seed_note(seed));
+}
+
+// bf16 inputs, fp32 outputs: the stages merge in fp32, so the result equals the
+// single-process kernel up to fp32 rounding of a different summation order.
+TEST(Runtime, Bf16InputsMatchSingleProcess) {
+  comm::Communicator& comm = world();
+  const int cp = comm.size();
+  std::mt19937_64 rng(testing::test_seed() ^ 0xbf16);
+  const std::int64_t n = 16 * cp, hq = 4, hkv = 2, d = 16;
+  const Mask mask = masks::varlen_causal(random_cu(rng, n));
+  plan::PlanOptions po;
+  po.dispatch.cp = cp;
+  po.dispatch.chunk_size = 4;
+  po.num_stages = 2;
+  const plan::DistPlan dp = plan::make_plan(mask, po);
+  std::normal_distribution<float> normal;
+  auto draw = [&](std::int64_t count) {
+    std::vector<BF16> xs(static_cast<std::size_t>(count));
+    for (BF16& x : xs) x = to_bf16(normal(rng));
+    return xs;
+  };
+  std::vector<BF16> q = draw(n * hq * d), k = draw(n * hkv * d), v = draw(n * hkv * d);
+  auto bf = [](std::vector<BF16>& b, std::initializer_list<std::int64_t> shape) {
+    return make_view(b.data(), DType::kBF16, shape);
+  };
+  auto f32 = [](std::vector<float>& b, std::initializer_list<std::int64_t> shape) {
+    return make_view(b.data(), DType::kF32, shape);
+  };
+  std::vector<float> out(q.size()), lse(std::size_t(n * hq));
+  AttnOptions opts;
+  opts.num_threads = 1;
+  attn_forward(mask, {bf(q, {n, hq, d}), bf(k, {n, hkv, d}), bf(v, {n, hkv, d}),
+                      f32(out, {n, hq, d}), f32(lse, {n, hq}), std::nullopt, std::nullopt}, opts);
+
+  const std::int64_t nl = dp.dispatch.rank_tokens(comm.rank());
+  std::vector<BF16> ql(std::size_t(nl * hq * d)), kl(std::size_t(nl * hkv * d)), vl(kl.size());
+  runtime::dispatch(dp, comm, bf(q, {n, hq, d}), bf(ql, {nl, hq, d}));
+  runtime::dispatch(dp, comm, bf(k, {n, hkv, d}), bf(kl, {nl, hkv, d}));
+  runtime::dispatch(dp, comm, bf(v, {n, hkv, d}), bf(vl, {nl, hkv, d}));
+  std::vector<float> ol(ql.size()), ll(std::size_t(nl * hq)), og(out.size()), lg(lse.size());
+  runtime::calc_attn_forward(dp, comm, {bf(ql, {nl, hq, d}), bf(kl, {nl, hkv, d}),
+                                        bf(vl, {nl, hkv, d}), f32(ol, {nl, hq, d}),
+                                        f32(ll, {nl, hq}), std::nullopt, std::nullopt}, opts);
+  runtime::undispatch(dp, comm, f32(ol, {nl, hq, d}), f32(og, {n, hq, d}));
+  runtime::undispatch(dp, comm, f32(ll, {nl, hq}), f32(lg, {n, hq}));
+  std::vector<double> got(og.begin(), og.end()), want(out.begin(), out.end());
+  expect_close(got, want, "bf16 out", 1e-5);
+  got.assign(lg.begin(), lg.end());
+  want.assign(lse.begin(), lse.end());
+  expect_close(got, want, "bf16 lse", 1e-5);
 }
 
 // Bad arguments throw on the calling rank before any collective (no peer is left waiting).
