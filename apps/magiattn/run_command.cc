@@ -2,6 +2,7 @@
 // inputs, timed, then checked against the fp64 oracle on sampled rows. The oracle is scalar
 // fp64 and must recompute every row that sees a checked key, so key rows are chosen within a
 // budget: the default 16k-token check then takes seconds where a full one takes minutes.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -43,6 +44,7 @@ struct RunFlags {
   std::int64_t sink = 0;
   std::int64_t check_rows = 64;
   bool json = false;
+  double comm_timeout_s = 300;  // a dead or stuck peer becomes an error after this long
   int ranks = 0;  // --ranks: expect this many MPI ranks (0: run distributed only under mpirun)
 };
 
@@ -218,9 +220,17 @@ struct Result {
   std::size_t num_q_checked = 0, num_k_checked = 0;
   bool pass = true;
   // Distributed runs only: per-rank lines (rank 0's view), fwd_s/bwd_s above are the slowest.
+  // hidden: the share of the comm-alone time (casts, and in the backward the dK/dV reduces,
+  // run back to back without compute) that the overlapped run did not spend blocked in waits.
   struct RankLine {
     std::int64_t tokens = 0, area = 0;
     double fwd_s = 0, bwd_s = 0, bytes_in = 0, bytes_out = 0;
+    double fwd_wait_s = 0, bwd_wait_s = 0, fwd_comm_s = 0, bwd_comm_s = 0;
+    static double hidden(double wait, double comm) {
+      return comm > 0 ? std::clamp(1.0 - wait / comm, 0.0, 1.0) : 1.0;
+    }
+    double fwd_hidden() const { return hidden(fwd_wait_s, fwd_comm_s); }
+    double bwd_hidden() const { return hidden(bwd_wait_s, bwd_comm_s); }
   };
   std::vector<RankLine> ranks;
 };
@@ -250,15 +260,21 @@ void print_table(const RunFlags& f, const NamedMask& m, const Result& r) {
     std::cout << "ranks       " << r.ranks.size()
               << " (MPI; bytes: K/V rows the plan's forward casts move, in the input dtype; "
                  "backward returns as many dK/dV rows)\n"
-              << "rank    tokens          area   forward  backward     bytes in    bytes out\n";
+              << "            (wait: time blocked on communication; comm: the same communication "
+                 "alone, no compute; hidden = 1 - wait/comm)\n"
+              << "rank    tokens          area   forward  backward     bytes in    bytes out"
+                 "  fwd wait/comm  hidden  bwd wait/comm  hidden\n";
     std::size_t slowest = 0;
     for (std::size_t i = 0; i < r.ranks.size(); ++i) {
       const auto& l = r.ranks[i];
       if (l.fwd_s + l.bwd_s > r.ranks[slowest].fwd_s + r.ranks[slowest].bwd_s) slowest = i;
-      char line[160];
-      std::snprintf(line, sizeof line, "%-4zu %9lld %13lld %8.3f s %8.3f s %12.0f %12.0f\n", i,
-                    static_cast<long long>(l.tokens), static_cast<long long>(l.area), l.fwd_s,
-                    l.bwd_s, l.bytes_in, l.bytes_out);
+      char line[256];
+      std::snprintf(line, sizeof line,
+                    "%-4zu %9lld %13lld %8.3f s %8.3f s %12.0f %12.0f  %6.3f/%6.3f  %5.1f%%  "
+                    "%6.3f/%6.3f  %5.1f%%\n",
+                    i, static_cast<long long>(l.tokens), static_cast<long long>(l.area), l.fwd_s,
+                    l.bwd_s, l.bytes_in, l.bytes_out, l.fwd_wait_s, l.fwd_comm_s,
+                    100 * l.fwd_hidden(), l.bwd_wait_s, l.bwd_comm_s, 100 * l.bwd_hidden());
       std::cout << line;
     }
     std::cout << "slowest     rank " << slowest << ", "
@@ -297,7 +313,10 @@ void print_json(const RunFlags& f, const NamedMask& m, const Result& r) {
     for (const auto& l : r.ranks)
       j["per_rank"].push_back({{"tokens", l.tokens}, {"area", l.area}, {"fwd_s", l.fwd_s},
                                {"bwd_s", l.bwd_s}, {"bytes_in", l.bytes_in},
-                               {"bytes_out", l.bytes_out}});
+                               {"bytes_out", l.bytes_out}, {"fwd_wait_s", l.fwd_wait_s},
+                               {"fwd_comm_s", l.fwd_comm_s}, {"fwd_hidden", l.fwd_hidden()},
+                               {"bwd_wait_s", l.bwd_wait_s}, {"bwd_comm_s", l.bwd_comm_s},
+                               {"bwd_hidden", l.bwd_hidden()}});
   }
   j["pass"] = r.pass;
   std::cout << j.dump() << "\n";
@@ -312,17 +331,21 @@ bool launched_by_mpi() {
   return false;
 }
 
-// MPI_Init on construction, MPI_Finalize on destruction (after the communicator is gone).
+// MPI_Init on construction, MPI_Finalize on destruction (after the communicator is gone),
+// except after a communication failure: MPI_Finalize would wait for the dead or stuck peer,
+// so the rank skips it, main prints the error and exits 1, and mpirun ends the job.
 struct MpiSession {
+  bool comm_failed = false;
   MpiSession() {
     int initialized = 0;
     MPI_Initialized(&initialized);
-    if (!initialized) MPI_Init(nullptr, nullptr);
+    int provided = 0;  // MULTIPLE: the communicator's progress thread overlaps transfers
+    if (!initialized) MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
   }
   ~MpiSession() {
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (!finalized) MPI_Finalize();
+    if (!finalized && !comm_failed) MPI_Finalize();
   }
   MpiSession(const MpiSession&) = delete;
   MpiSession& operator=(const MpiSession&) = delete;
@@ -345,9 +368,17 @@ int run_attention(RunFlags f) {
 #ifdef MAGI_CLI_MPI
   std::optional<MpiSession> mpi_session;
   std::unique_ptr<comm::mpi::MpiCommunicator> world;
+  struct SkipFinalizeIfBroken {  // destroyed before world and the session
+    std::optional<MpiSession>& session;
+    const std::unique_ptr<comm::mpi::MpiCommunicator>& world;
+    ~SkipFinalizeIfBroken() {
+      if (session && world && world->broken()) session->comm_failed = true;
+    }
+  } skip_finalize_if_broken{mpi_session, world};
   if (f.ranks > 0 || launched_by_mpi()) {
     mpi_session.emplace();
     world = std::make_unique<comm::mpi::MpiCommunicator>();
+    world->set_timeout(std::chrono::milliseconds(std::int64_t(f.comm_timeout_s * 1000)));
     MAGI_CHECK(f.ranks == 0 || f.ranks == world->size(), "--ranks ", f.ranks, ": running on ",
                world->size(), " MPI ranks");
     g_quiet = world->rank() != 0;
@@ -434,12 +465,22 @@ int run_attention(RunFlags f) {
       la.sink = lb.sink = fa.sink;
       lb.dsink = ba.dsink;
     }
+    runtime::CalcStats fwd_stats, bwd_stats;
     comm.barrier();  // every rank starts the timed forward together
-    const double my_fwd =
-        timed("forward (rank 0)", [&] { runtime::calc_attn_forward(dp, comm, la, opts); });
+    const double my_fwd = timed("forward (rank 0)", [&] {
+      runtime::calc_attn_forward(dp, comm, la, opts, &fwd_stats);
+    });
     comm.barrier();
-    const double my_bwd =
-        timed("backward (rank 0)", [&] { runtime::calc_attn_backward(dp, comm, lb, opts); });
+    const double my_bwd = timed("backward (rank 0)", [&] {
+      runtime::calc_attn_backward(dp, comm, lb, opts, &bwd_stats);
+    });
+    comm.barrier();
+    double fwd_comm = 0, bwd_comm = 0;
+    timed("communication alone (fwd, bwd)", [&] {
+      fwd_comm = runtime::comm_only_seconds(dp, comm, la.k, la.v, false);
+      comm.barrier();
+      bwd_comm = runtime::comm_only_seconds(dp, comm, la.k, la.v, true);
+    });
     if (ns > 0) {  // dsink is a per-rank partial: summed like a replicated parameter's gradient
       comm.all_reduce(comm::Rows{dsink.view({ns, hq}).data, 1, ns * hq, compute},
                       comm::ReduceOp::kSum)
@@ -454,10 +495,13 @@ int run_attention(RunFlags f) {
     });
     // Every rank's times to every rank; the table reports the slowest.
     // Through the Communicator, not raw MPI, so a dead rank gives an error, never a hang.
-    std::vector<double> times(std::size_t(2 * cp), 0.0);
-    times[std::size_t(2 * rank)] = my_fwd;
-    times[std::size_t(2 * rank + 1)] = my_bwd;
-    comm.all_reduce(comm::Rows{times.data(), 1, 2 * cp, DType::kF64}, comm::ReduceOp::kSum)->wait();
+    constexpr int kTimes = 6;
+    std::vector<double> times(std::size_t(kTimes * cp), 0.0);
+    const double mine[kTimes] = {my_fwd, my_bwd, fwd_stats.wait_s, bwd_stats.wait_s, fwd_comm,
+                                 bwd_comm};
+    std::copy(mine, mine + kTimes, times.begin() + kTimes * rank);
+    comm.all_reduce(comm::Rows{times.data(), 1, kTimes * cp, DType::kF64}, comm::ReduceOp::kSum)
+        ->wait();
     const double row_bytes = double(2 * hkv * d * dtype_size(dtype));  // one K row + one V row
     for (int r = 0; r < cp; ++r) {
       const plan::RankPlan& rp = dp.ranks[std::size_t(r)];
@@ -465,8 +509,9 @@ int run_attention(RunFlags f) {
       l.tokens = dp.dispatch.rank_tokens(r);
       l.area = rp.host_area;
       for (const plan::Stage& st : rp.stages) l.area += st.area;
-      l.fwd_s = times[std::size_t(2 * r)];
-      l.bwd_s = times[std::size_t(2 * r + 1)];
+      const double* t = times.data() + kTimes * r;
+      l.fwd_s = t[0], l.bwd_s = t[1], l.fwd_wait_s = t[2], l.bwd_wait_s = t[3];
+      l.fwd_comm_s = t[4], l.bwd_comm_s = t[5];
       const auto [in, out_rows] = cast_rows(rp);
       l.bytes_in = double(in) * row_bytes;
       l.bytes_out = double(out_rows) * row_bytes;
@@ -568,6 +613,10 @@ Command add_run_command(CLI::App& parent) {
                   "without it; 0: auto)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--comm-timeout", flags->comm_timeout_s,
+                  "seconds a rank waits for a peer before failing (distributed runs)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   return {cmd, [flags] { return run_attention(*flags); }};
 }
 

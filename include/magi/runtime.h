@@ -23,17 +23,31 @@ void dispatch(const plan::DistPlan& plan, const comm::Communicator& comm, const 
 void undispatch(const plan::DistPlan& plan, comm::Communicator& comm, const TensorView& local,
                 const TensorView& global);
 
+// Where one rank's calc_attn time went (optional output; SPEC §4's "hidden comm").
+struct CalcStats {
+  double compute_s = 0;  // inside the attention kernels
+  double wait_s = 0;     // blocked in wait(): communication compute did not hide
+};
+
 // Forward on local tensors (contiguous; out, lse, max_logits in the compute type). Collective.
 // The sink (if any) enters once, at the host stage; max_logits is reduced (max) over ranks.
 // opts.accumulate must be false.
 void calc_attn_forward(const plan::DistPlan& plan, comm::Communicator& comm, const FwdArgs& local,
-                       const AttnOptions& opts = {});
+                       const AttnOptions& opts = {}, CalcStats* stats = nullptr);
 // Backward on local tensors (contiguous; dq, dk, dv in the compute type). Collective.
 // dk/dv of rows fetched by other ranks are summed back to their owners (group_reduce).
 // dsink is this rank's partial (its own query rows): the caller sums it over ranks, like any
 // replicated parameter's gradient.
 void calc_attn_backward(const plan::DistPlan& plan, comm::Communicator& comm,
-                        const BwdArgs& local, const AttnOptions& opts = {});
+                        const BwdArgs& local, const AttnOptions& opts = {},
+                        CalcStats* stats = nullptr);
+
+// The communication of calc_attn alone, stage after stage with nothing to hide it behind:
+// the K/V casts of the forward (and, with `backward`, the dK/dV reduces of zero partials into
+// scratch rows). Seconds on this rank; with CalcStats::wait_s it gives the hidden fraction
+// 1 - wait_s / comm_only_seconds. k, v: this rank's local rows. Collective.
+double comm_only_seconds(const plan::DistPlan& plan, comm::Communicator& comm, const TensorView& k,
+                         const TensorView& v, bool backward);
 
 // torch.roll along the GLOBAL token order on dispatched local rows (SPEC §3: shifted labels
 // for multi-token prediction). fill empty (torch.roll): out[g] = in[(g - shift) mod N], any

@@ -6,6 +6,7 @@
 //   comm   | cast K,V[0] | cast K,V[1] | cast K,V[2] |             |
 //   compute|    host     |   stage 0   |   stage 1   |   stage 2   |
 //   (bwd)  |             |             | reduce dKV0 | reduce dKV1 | reduce dKV2
+#include <chrono>
 #include <cstring>
 #include <limits>
 #include <utility>
@@ -101,10 +102,21 @@ void fill(const TensorView& t, double x) {
     for (std::int64_t i = 0; i < n; ++i) t.ptr<float>()[i] = float(x);
 }
 
+// Adds the seconds `fn` takes to *into (when stats are requested).
+template <class Fn>
+void timed(double* into, Fn&& fn) {
+  if (into == nullptr) return fn();
+  const auto t0 = std::chrono::steady_clock::now();
+  fn();
+  *into += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 }  // namespace
 
 void calc_attn_forward(const plan::DistPlan& plan, comm::Communicator& comm, const FwdArgs& a,
-                       const AttnOptions& opts) {
+                       const AttnOptions& opts, CalcStats* stats) {
+  double* compute_s = stats ? &stats->compute_s : nullptr;
+  double* wait_s = stats ? &stats->wait_s : nullptr;
   const plan::RankPlan& rp = rank_plan(plan, comm);
   check_local(plan, comm, a.q, a.k, a.v, opts);
   const DType compute = compute_type(a.q);
@@ -116,7 +128,7 @@ void calc_attn_forward(const plan::DistPlan& plan, comm::Communicator& comm, con
   Fetch next;
   if (!rp.stages.empty()) next = post_fetch(comm, rp.stages[0], a.k, a.v);
   if (nl > 0) {
-    attn_forward(Mask(nl, nl, rp.host_slices), a, opts);
+    timed(compute_s, [&] { attn_forward(Mask(nl, nl, rp.host_slices), a, opts); });
   } else if (a.max_logits) {
     fill(*a.max_logits, -std::numeric_limits<double>::infinity());
   }
@@ -124,7 +136,7 @@ void calc_attn_forward(const plan::DistPlan& plan, comm::Communicator& comm, con
   acc.accumulate = true;
   for (std::size_t s = 0; s < rp.stages.size(); ++s) {
     Fetch cur = std::move(next);
-    cur.wait();
+    timed(wait_s, [&] { cur.wait(); });
     if (s + 1 < rp.stages.size()) next = post_fetch(comm, rp.stages[s + 1], a.k, a.v);
     const plan::Stage& st = rp.stages[s];
     if (st.slices.empty()) continue;
@@ -132,14 +144,19 @@ void calc_attn_forward(const plan::DistPlan& plan, comm::Communicator& comm, con
     sa.k = cur.k;
     sa.v = cur.v;
     sa.sink.reset();  // the sink joins each row's normaliser once, at the host stage
-    attn_forward(Mask(nl, cur.k.shape[0], st.slices), sa, acc);
+    timed(compute_s, [&] { attn_forward(Mask(nl, cur.k.shape[0], st.slices), sa, acc); });
   }
-  if (a.max_logits) comm.all_reduce(detail::rows_of(*a.max_logits, "max_logits"),
-                                    comm::ReduceOp::kMax)->wait();
+  if (a.max_logits) {
+    comm::WorkPtr w = comm.all_reduce(detail::rows_of(*a.max_logits, "max_logits"),
+                                      comm::ReduceOp::kMax);
+    timed(wait_s, [&] { w->wait(); });
+  }
 }
 
 void calc_attn_backward(const plan::DistPlan& plan, comm::Communicator& comm, const BwdArgs& a,
-                        const AttnOptions& opts) {
+                        const AttnOptions& opts, CalcStats* stats) {
+  double* compute_s = stats ? &stats->compute_s : nullptr;
+  double* wait_s = stats ? &stats->wait_s : nullptr;
   const plan::RankPlan& rp = rank_plan(plan, comm);
   check_local(plan, comm, a.q, a.k, a.v, opts);
   const DType compute = compute_type(a.q);
@@ -154,7 +171,7 @@ void calc_attn_backward(const plan::DistPlan& plan, comm::Communicator& comm, co
   Fetch next;
   if (!rp.stages.empty()) next = post_fetch(comm, rp.stages[0], a.k, a.v);
   if (nl > 0) {
-    attn_backward(Mask(nl, nl, rp.host_slices), a, opts);
+    timed(compute_s, [&] { attn_backward(Mask(nl, nl, rp.host_slices), a, opts); });
   } else if (a.dsink) {
     fill(*a.dsink, 0.0);
   }
@@ -165,7 +182,7 @@ void calc_attn_backward(const plan::DistPlan& plan, comm::Communicator& comm, co
   comm::WorkPtr prev_dk_work, prev_dv_work;
   for (std::size_t s = 0; s < rp.stages.size(); ++s) {
     Fetch cur = std::move(next);
-    cur.wait();
+    timed(wait_s, [&] { cur.wait(); });
     if (s + 1 < rp.stages.size()) next = post_fetch(comm, rp.stages[s + 1], a.k, a.v);
     const plan::Stage& st = rp.stages[s];
     const std::int64_t nr = cur.k.shape[0];
@@ -181,22 +198,54 @@ void calc_attn_backward(const plan::DistPlan& plan, comm::Communicator& comm, co
       sa.dv = pdv;
       sa.sink.reset();  // dsink is a host-stage term only (as the sink is in the forward)
       sa.dsink.reset();
-      attn_backward(Mask(nl, nr, st.slices), sa, acc);
+      timed(compute_s, [&] { attn_backward(Mask(nl, nr, st.slices), sa, acc); });
     }
     const plan::GroupReduceArgs ra = plan::reduce_args(st.cast);
     comm::WorkPtr dk_work = comm.group_reduce(detail::rows_of(pdk, "dk partial"), dk_rows, ra,
                                               comm::ReduceOp::kSum);
     comm::WorkPtr dv_work = comm.group_reduce(detail::rows_of(pdv, "dv partial"), dv_rows, ra,
                                               comm::ReduceOp::kSum);
-    if (prev_dk_work) prev_dk_work->wait();
-    if (prev_dv_work) prev_dv_work->wait();
+    timed(wait_s, [&] {
+      if (prev_dk_work) prev_dk_work->wait();
+      if (prev_dv_work) prev_dv_work->wait();
+    });
     prev_dk = std::move(dk_part);
     prev_dv = std::move(dv_part);
     prev_dk_work = std::move(dk_work);
     prev_dv_work = std::move(dv_work);
   }
-  if (prev_dk_work) prev_dk_work->wait();
-  if (prev_dv_work) prev_dv_work->wait();
+  timed(wait_s, [&] {
+    if (prev_dk_work) prev_dk_work->wait();
+    if (prev_dv_work) prev_dv_work->wait();
+  });
+}
+
+double comm_only_seconds(const plan::DistPlan& plan, comm::Communicator& comm, const TensorView& k,
+                         const TensorView& v, bool backward) {
+  const plan::RankPlan& rp = rank_plan(plan, comm);
+  const std::int64_t nl = plan.dispatch.rank_tokens(comm.rank());
+  MAGI_CHECK(k.shape[0] == nl && v.shape[0] == nl, "comm_only_seconds: k/v have ", k.shape[0],
+             "/", v.shape[0], " rows, but rank ", comm.rank(), " holds ", nl, " tokens");
+  const DType compute = compute_type(k);
+  const std::int64_t row = detail::row_elems(k);
+  std::vector<unsigned char> owner(std::size_t(nl * row * dtype_size(compute)), 0);
+  const comm::Rows owner_rows{owner.data(), nl, row, compute};
+  double seconds = 0;
+  for (const plan::Stage& st : rp.stages) {
+    timed(&seconds, [&] {
+      Fetch f = post_fetch(comm, st, k, v);
+      f.wait();
+      if (!backward) return;
+      std::vector<unsigned char> part(std::size_t(f.k.shape[0] * row * dtype_size(compute)), 0);
+      const comm::Rows part_rows{part.data(), f.k.shape[0], row, compute};
+      const plan::GroupReduceArgs ra = plan::reduce_args(st.cast);
+      comm::WorkPtr dk = comm.group_reduce(part_rows, owner_rows, ra, comm::ReduceOp::kSum);
+      comm::WorkPtr dv = comm.group_reduce(part_rows, owner_rows, ra, comm::ReduceOp::kSum);
+      dk->wait();
+      dv->wait();
+    });
+  }
+  return seconds;
 }
 
 }  // namespace magi::runtime

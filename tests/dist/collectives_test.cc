@@ -118,5 +118,41 @@ TEST(Collectives, SkippedCallTimesOutWithANamedPeer) {
   w.barrier();
 }
 
+// The progress thread moves a large (rendezvous) message while its sender computes without
+// calling MPI: the receiver's wait ends long before the sender's busy phase does. Two ranks
+// only (at higher oversubscription the scheduler, not MPI, decides when anything runs).
+TEST(Collectives, TransfersProgressWhileSenderComputes) {
+  auto& w = world();
+  ASSERT_TRUE(w.has_progress_thread()) << "main initialises MPI at MPI_THREAD_MULTIPLE";
+  if (w.size() != 2) GTEST_SKIP() << "runs at world size 2";
+  constexpr std::int64_t kRows = 1 << 20;  // 8 MB: far above any eager limit
+  std::vector<double> in(static_cast<std::size_t>(kRows), double(w.rank())), out(in.size(), -1);
+  const int peer = 1 - w.rank();
+  const std::vector<std::int64_t> sizes{kRows};
+  const std::vector<std::vector<std::int32_t>> dst{{peer}};
+  const std::vector<std::int32_t> src{peer};
+  using Clock = std::chrono::steady_clock;
+  w.barrier();
+  const auto t0 = Clock::now();
+  auto work = w.group_cast({in.data(), kRows, 1, DType::kF64}, sizes, dst,
+                           {out.data(), kRows, 1, DType::kF64}, sizes, src);
+  constexpr auto kBusy = std::chrono::milliseconds(600);
+  double received_after = 0;
+  if (w.rank() == 0) {  // compute without touching MPI, then complete
+    volatile double x = 0;
+    while (Clock::now() - t0 < kBusy) x = x + 1;
+    work->wait();
+  } else {
+    work->wait();
+    received_after = std::chrono::duration<double>(Clock::now() - t0).count();
+  }
+  EXPECT_EQ(out[0], double(peer));
+  EXPECT_EQ(out.back(), double(peer));
+  if (w.rank() == 1)
+    EXPECT_LT(received_after, 0.5 * std::chrono::duration<double>(kBusy).count())
+        << "rank 1 waited for rank 0's busy phase: no asynchronous progress";
+  w.barrier();
+}
+
 }  // namespace
 }  // namespace magi::testing

@@ -15,7 +15,8 @@
 #include "mpi_communicator.h"
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  int provided = 0;  // MULTIPLE: the communicator's progress thread
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   magi::comm::mpi::MpiCommunicator comm;
   comm.set_timeout(std::chrono::milliseconds(1500));
   const int size = comm.size(), rank = comm.rank(), victim = size - 1;

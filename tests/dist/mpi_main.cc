@@ -36,7 +36,8 @@ comm::mpi::MpiCommunicator& world() { return *g_world; }
 }  // namespace magi::testing
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  int provided = 0;  // MULTIPLE: the communicator's progress thread
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   ::testing::InitGoogleTest(&argc, argv);

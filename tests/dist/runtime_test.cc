@@ -305,6 +305,34 @@ TEST(Runtime, RejectsBadArgumentsBeforeCommunicating) {
   const FwdArgs a{view(l, {nl, 1, 8}), view(l, {nl, 1, 8}), view(l, {nl, 1, 8}),
                   view(l, {nl, 1, 8}), view(lse, {nl, 1}), std::nullopt, std::nullopt};
   EXPECT_THROW(runtime::calc_attn_forward(dp, comm, a, acc), magi::Error);
+  EXPECT_THROW(runtime::comm_only_seconds(dp, comm, view(g, {n - 1, 1, 8}), view(g, {n - 1, 1, 8}), false),
+               magi::Error);
+}
+
+// CalcStats splits a rank's time into kernels and blocked waits; the comm-alone pass is the
+// denominator of the hidden fraction.
+TEST(Runtime, StatsAccountForComputeAndWaits) {
+  comm::Communicator& comm = world();
+  const std::int64_t n = 64 * comm.size(), d = 16;
+  plan::PlanOptions po;
+  po.dispatch.cp = comm.size();
+  po.dispatch.chunk_size = 16;
+  po.num_stages = 1;
+  const plan::DistPlan dp = plan::make_plan(masks::full(n, n), po);
+  const std::int64_t nl = dp.dispatch.rank_tokens(comm.rank());
+  std::vector<double> x(std::size_t(nl * d), 0.5), out(x.size()), lse(static_cast<std::size_t>(nl));
+  const FwdArgs a{view(x, {nl, 1, d}), view(x, {nl, 1, d}), view(x, {nl, 1, d}),
+                  view(out, {nl, 1, d}), view(lse, {nl, 1}), std::nullopt, std::nullopt};
+  AttnOptions opts;
+  opts.num_threads = 1;
+  runtime::CalcStats stats;
+  runtime::calc_attn_forward(dp, comm, a, opts, &stats);
+  EXPECT_GT(stats.compute_s, 0.0);
+  EXPECT_GE(stats.wait_s, 0.0);
+  const double fwd = runtime::comm_only_seconds(dp, comm, a.k, a.v, false);
+  const double bwd = runtime::comm_only_seconds(dp, comm, a.k, a.v, true);
+  EXPECT_GE(fwd, 0.0);
+  EXPECT_GE(bwd, 0.0);
 }
 
 }  // namespace

@@ -44,6 +44,7 @@ class ExchangeWork final : public Work {
       }
     for (int p = 0; p < comm.size(); ++p)
       if (p != self && !send_[std::size_t(p)].empty()) post(p, false, send_[std::size_t(p)]);
+    if (!requests_.empty()) track();
   }
 
   // A request-only operation (barrier): `what` names what it waits for.
@@ -51,10 +52,12 @@ class ExchangeWork final : public Work {
       : comm_(comm), op_(std::move(op)) {
     requests_.push_back(request);
     pending_.push_back({-1, false, 0, std::move(what)});
+    track();
   }
 
   ~ExchangeWork() override {
     if (!done_ && live() > 0) abandon("a " + op_ + " handle was destroyed before wait()");
+    untrack();
   }
 
   void wait() override {
@@ -81,6 +84,7 @@ class ExchangeWork final : public Work {
         std::this_thread::yield();
     }
     done_ = true;
+    untrack();
     if (finish_) finish_(recv_);
   }
 
@@ -105,6 +109,15 @@ class ExchangeWork final : public Work {
                                comm_.mpi_comm(), &request));
     requests_.push_back(request);
     pending_.push_back({peer, is_recv, std::int64_t(buffer.size()), ""});
+  }
+
+  void track() {
+    tracked_ = true;
+    comm_.work_started();
+  }
+  void untrack() {
+    if (tracked_) comm_.work_finished();
+    tracked_ = false;
   }
 
   std::size_t live() const {
@@ -154,8 +167,11 @@ class ExchangeWork final : public Work {
   // touch their buffers, so the communicator keeps them, and refuses further calls.
   void abandon(const std::string& reason) {
     done_ = true;
+    untrack();
     for (std::size_t i = 0; i < requests_.size(); ++i) {
       if (requests_[i] == MPI_REQUEST_NULL) continue;
+      // A non-blocking collective (barrier) may be neither cancelled nor freed: leave it.
+      if (pending_[i].peer < 0) continue;
       if (pending_[i].is_recv) MPI_Cancel(&requests_[i]);
       MPI_Request_free(&requests_[i]);
     }
@@ -172,6 +188,7 @@ class ExchangeWork final : public Work {
   std::vector<MPI_Request> requests_;
   std::vector<Pending> pending_;
   bool done_ = false;
+  bool tracked_ = false;
 };
 
 // Message sizes and packed buffers of one exchange from its layout.
@@ -209,9 +226,50 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm) {
   int found = 0;
   MAGI_MPI_CHECK(MPI_Comm_get_attr(comm_, MPI_TAG_UB, &ub, &found));
   if (found) tag_ub_ = *static_cast<int*>(ub);
+  int level = MPI_THREAD_SINGLE;
+  MAGI_MPI_CHECK(MPI_Query_thread(&level));
+  if (level == MPI_THREAD_MULTIPLE) progress_ = std::thread([this] { progress_loop(); });
+}
+
+void MpiCommunicator::work_started() {
+  if (!progress_.joinable()) return;
+  {
+    std::lock_guard lock(progress_mutex_);
+    ++in_flight_;
+  }
+  progress_cv_.notify_one();
+}
+
+void MpiCommunicator::work_finished() {
+  if (!progress_.joinable()) return;
+  std::lock_guard lock(progress_mutex_);
+  --in_flight_;
+}
+
+void MpiCommunicator::progress_loop() {
+  std::unique_lock lock(progress_mutex_);
+  while (true) {
+    progress_cv_.wait(lock, [this] { return stop_ || in_flight_ > 0; });
+    if (stop_) return;
+    lock.unlock();
+    // Any MPI call runs the progress engine; Iprobe consumes nothing. Errors (a dead peer)
+    // are the waiting thread's to report.
+    int flag = 0;
+    MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm_, &flag, MPI_STATUS_IGNORE);
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+    lock.lock();
+  }
 }
 
 MpiCommunicator::~MpiCommunicator() {
+  if (progress_.joinable()) {
+    {
+      std::lock_guard lock(progress_mutex_);
+      stop_ = true;
+    }
+    progress_cv_.notify_one();
+    progress_.join();
+  }
   // A broken communicator may still have messages in flight that reference it; leave it to
   // MPI_Finalize rather than free it under them.
   int finalized = 0;

@@ -12,13 +12,23 @@
 // pending, cancels its receives and marks the communicator broken (later calls throw); it never
 // calls MPI_Abort, so the caller reports and exits. Tags are per-call sequence numbers, so a
 // late message from a failed call can never be matched by a later one.
+//
+// Progress: MPI moves a large message (rendezvous) only while both sides are inside an MPI
+// call, so a rank busy computing would stall its peers' transfers until its next wait(). When
+// MPI runs at MPI_THREAD_MULTIPLE, a progress thread polls MPI (MPI_Iprobe) while operations
+// are in flight and sleeps on a condition variable otherwise; below that level there is none
+// and transfers advance only inside wait() (initialise with MPI_Init_thread(MULTIPLE)).
 #pragma once
 
 #include <mpi.h>
 
+#include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "magi/comm.h"
@@ -36,6 +46,7 @@ class MpiCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   bool broken() const { return !broken_reason_.empty(); }
+  bool has_progress_thread() const { return progress_.joinable(); }
 
   using Communicator::group_cast;
   using Communicator::group_reduce;
@@ -67,8 +78,12 @@ class MpiCommunicator final : public Communicator {
   void check_usable(const char* op) const;
   int next_tag();
   void keep_alive(std::vector<std::vector<std::byte>> buffers);
+  void work_started();   // an operation was posted: the progress thread polls
+  void work_finished();  // it completed or was abandoned
 
  private:
+  void progress_loop();
+
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
   int size_ = 1;
@@ -78,6 +93,12 @@ class MpiCommunicator final : public Communicator {
   // Buffers of sends abandoned by a failed wait: MPI may still read them, so they live as long
   // as the communicator.
   std::vector<std::vector<std::byte>> orphans_;
+  // Progress thread state: in_flight_ counts posted, unfinished operations.
+  std::mutex progress_mutex_;
+  std::condition_variable progress_cv_;
+  int in_flight_ = 0;
+  bool stop_ = false;
+  std::thread progress_;
 };
 
 }  // namespace magi::comm::mpi
