@@ -2,7 +2,9 @@
 
 numpy is the only requirement; torch tensors switch on the autograd / ``torch.compile``
 custom ops (``magiattn.torch_ops``, imported on first use) and ``magiattn.viz`` needs
-matplotlib. Errors from the C++ core arrive as ``ValueError`` naming the culprit.
+matplotlib. The distributed API (``magiattn.dist``: ``magi_attn_flex_key``, ``dispatch``,
+``calc_attn``, ...) needs the MPI module ``magiattn._dist``, loaded on first use. Errors from
+the C++ core arrive as ``ValueError`` naming the culprit.
 """
 
 from ._C import backward, forward, fwd_flops
@@ -42,7 +44,20 @@ from .masks import (
     varlen_sliding_window,
 )
 from .ranges import AttnRange, AttnRanges, RangeError
-from .plan import load_plan, make_plan, plan_bytes_matrix, plan_cells
+from .plan import DistAttnConfig, load_plan, make_plan, plan_bytes_matrix, plan_cells
+from .dist import (
+    Communicator,
+    DistAttnRuntimeKey,
+    calc_attn,
+    calc_attn_backward,
+    dispatch,
+    get_position_ids,
+    magi_attn_flex_key,
+    magi_attn_varlen_key,
+    roll,
+    undispatch,
+    world_communicator,
+)
 from .viz import plot_mask, plot_plan, save_mask_png
 
 try:
@@ -54,6 +69,9 @@ except Exception:  # not installed as a distribution (e.g. a build tree on sys.p
 
 __all__ = [
     "AttnForwardMeta", "AttnMaskType", "AttnRange", "AttnRanges", "Mask", "RangeError",
+    "Communicator", "DistAttnConfig", "DistAttnRuntimeKey", "calc_attn", "calc_attn_backward",
+    "dispatch", "get_position_ids", "magi_attn_flex_key", "magi_attn_varlen_key", "roll",
+    "undispatch", "world_communicator",
     "backward", "block_causal", "block_sparse", "block_sparse_topk", "build_family", "causal",
     "clear_mask_cache", "family_names", "flex_flash_attn_backward", "flex_flash_attn_func",
     "forward", "from_dense", "full", "fwd_flops", "get_mask", "infer_attn_mask_from_cu_seqlens",

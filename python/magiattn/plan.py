@@ -5,24 +5,44 @@ rank computes the same plan from the same mask.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 import numpy as np
 
 from . import _C
 from .masks import Mask
 
-__all__ = ["make_plan", "load_plan", "plan_cells", "plan_bytes_matrix"]
+__all__ = ["DistAttnConfig", "make_plan", "load_plan", "plan_cells", "plan_bytes_matrix"]
 
 PlanLike = Union[dict, str, os.PathLike]
 
 
-def make_plan(mask: Mask, cp: int, *, num_stages: int = 0, chunk_size: int = 0,
-              algorithm: str = "refined", uneven: bool = False) -> dict:
-    """The plan of ``mask`` over ``cp`` ranks (stages chosen by the cost model when 0)."""
-    return json.loads(_C.make_plan_json(mask, cp, num_stages, chunk_size, algorithm, uneven))
+@dataclasses.dataclass(frozen=True)
+class DistAttnConfig:
+    """The planner's options, one value (MagiAttention's name): ``num_stages`` (0: chosen by
+    the cost model), ``chunk_size`` (0: automatic), ``algorithm`` ("refined" or "minheap"),
+    ``uneven`` (allow shards one chunk apart when the length does not divide evenly)."""
+
+    num_stages: int = 0
+    chunk_size: int = 0
+    algorithm: str = "refined"
+    uneven: bool = False
+
+
+def plan_json(mask: Mask, cp: int, config: Optional[DistAttnConfig] = None, **options) -> str:
+    """The plan as the planner's JSON text; ``options`` override fields of ``config``."""
+    config = dataclasses.replace(config or DistAttnConfig(), **options)
+    return _C.make_plan_json(mask, cp, config.num_stages, config.chunk_size, config.algorithm,
+                             config.uneven)
+
+
+def make_plan(mask: Mask, cp: int, config: Optional[DistAttnConfig] = None, **options) -> dict:
+    """The plan of ``mask`` over ``cp`` ranks; ``options`` are ``DistAttnConfig`` fields
+    (``make_plan(mask, 4, num_stages=2)``) and override ``config``."""
+    return json.loads(plan_json(mask, cp, config, **options))
 
 
 def load_plan(plan: PlanLike) -> dict:

@@ -11,31 +11,19 @@
 #include "arrays.h"
 #include "bindings.h"
 #include "magi/attention.h"
+#include "options.h"
 
 namespace magi::py {
 namespace {
 
 using namespace nb::literals;
 
-AttnOptions options(std::optional<double> softmax_scale, double softcap,
-                    const std::string& sink_layout, bool accumulate, bool deterministic,
-                    int num_threads) {
-  AttnOptions o;
-  o.softmax_scale = softmax_scale;
-  o.softcap = softcap;
-  o.sink_layout = sink_layout_from_name(sink_layout);
-  o.accumulate = accumulate;
-  o.deterministic = deterministic;
-  o.num_threads = num_threads;
-  return o;
-}
-
 void forward(nb::handle q, nb::handle k, nb::handle v, const Mask& mask, nb::handle out,
              nb::handle lse, nb::handle sink, nb::handle max_logits,
              std::optional<double> softmax_scale, double softcap, const std::string& sink_layout,
              bool accumulate, bool deterministic, int num_threads) {
   const AttnOptions opts =
-      options(softmax_scale, softcap, sink_layout, accumulate, deterministic, num_threads);
+      attn_options(softmax_scale, softcap, sink_layout, accumulate, deterministic, num_threads);
   TensorArgs t;  // pins the arrays until after the GIL is back
   FwdArgs a{t.input(q, "q"),
             t.input(k, "k"),
@@ -54,7 +42,7 @@ void backward(nb::handle dout, nb::handle q, nb::handle k, nb::handle v, nb::han
               double softcap, const std::string& sink_layout, bool accumulate, bool deterministic,
               int num_threads) {
   const AttnOptions opts =
-      options(softmax_scale, softcap, sink_layout, accumulate, deterministic, num_threads);
+      attn_options(softmax_scale, softcap, sink_layout, accumulate, deterministic, num_threads);
   TensorArgs t;
   BwdArgs a{t.input(dout, "dout"),
             t.input(q, "q"),

@@ -307,6 +307,13 @@ TEST(Runtime, RejectsBadArgumentsBeforeCommunicating) {
   EXPECT_THROW(runtime::calc_attn_forward(dp, comm, a, acc), magi::Error);
   EXPECT_THROW(runtime::comm_only_seconds(dp, comm, view(g, {n - 1, 1, 8}), view(g, {n - 1, 1, 8}), false),
                magi::Error);
+  // A kernel-level error (here softcap) is found before the first collective too: the
+  // communicator stays usable.
+  AttnOptions bad;
+  bad.softcap = -1;
+  const FwdArgs ok_args{a.q, a.k, a.v, a.out, a.lse, std::nullopt, std::nullopt};
+  EXPECT_THROW(runtime::calc_attn_forward(dp, comm, ok_args, bad), magi::Error);
+  EXPECT_NO_THROW(comm.barrier());
 }
 
 // CalcStats splits a rank's time into kernels and blocked waits; the comm-alone pass is the

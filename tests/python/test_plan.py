@@ -32,6 +32,17 @@ def test_bytes_matrix_matches_receives():
     assert m.sum() == pytest.approx(received * plan["cost"]["bytes_per_row"])
 
 
+def test_config_and_keywords_are_one_definition():
+    mask = magiattn.varlen_causal(np.array([0, 50, 130, 256]))
+    config = magiattn.DistAttnConfig(num_stages=2, chunk_size=16)
+    assert magiattn.make_plan(mask, 4, config) == magiattn.make_plan(mask, 4, num_stages=2,
+                                                                     chunk_size=16)
+    assert magiattn.make_plan(mask, 4, config, num_stages=1) == magiattn.make_plan(
+        mask, 4, num_stages=1, chunk_size=16)  # keywords override the config
+    with pytest.raises(TypeError, match="stages"):
+        magiattn.make_plan(mask, 4, stages=2)
+
+
 def test_plan_errors_name_the_culprit():
     with pytest.raises(ValueError, match="algorithm 'greedy'"):
         magiattn.make_plan(magiattn.causal(64, 64), 2, algorithm="greedy")

@@ -1,0 +1,157 @@
+// The runtime calls for Python: arrays in, runtime::* on this rank, GIL released while it runs.
+// Key decision: forward/backward first run the attention kernel on an EMPTY mask over the
+// same local arrays. That validates every argument (dtypes, heads, head dim, sink, options)
+// with the kernels' own checks and messages before the first message is posted; a check that
+// failed after the first K/V cast was posted would abandon it and leave the communicator
+// broken. The dry run only writes outputs (zeros, -inf lse), which the runtime overwrites.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+
+#include <optional>
+#include <string>
+
+#include "arrays.h"
+#include "dist.h"
+#include "magi/error.h"
+#include "magi/runtime.h"
+#include "options.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace magi::py::dist {
+namespace {
+
+using plan::DistPlan;
+
+// Runs a collective with the GIL released; a failure that left the communicator broken
+// (timeout, dead peer, MPI error) becomes CommFailure, anything else stays magi::Error.
+template <typename F>
+void collective(Comm& c, const char* op, F&& f) {
+  comm::mpi::MpiCommunicator& mc = c.get(op);
+  try {
+    nb::gil_scoped_release release;
+    f(mc);
+  } catch (const Error& e) {
+    if (!mc.broken()) throw;
+    throw CommFailure(std::string(op) + ": communication failed and the communicator is now " +
+                      "unusable (every rank should stop): " + e.what());
+  }
+}
+
+// The checks of runtime::calc_attn_* that must precede the dry run (its mask is local-sized).
+void check_local_rows(const DistPlan& p, const comm::Communicator& c,
+                      std::initializer_list<std::pair<const TensorView*, const char*>> ts) {
+  MAGI_CHECK(c.size() == int(p.ranks.size()), "the key's plan is for cp ", p.ranks.size(),
+             " but the communicator has ", c.size(), " ranks");
+  const std::int64_t nl = p.dispatch.rank_tokens(c.rank());
+  for (const auto& [t, name] : ts)
+    MAGI_CHECK(t->ndim >= 1 && t->shape[0] == nl, name, ": ", t->describe(), " has ",
+               t->ndim ? t->shape[0] : 0, " rows, but rank ", c.rank(), " holds ", nl, " tokens");
+}
+
+void dispatch(const DistPlan& p, Comm& c, nb::handle global, nb::handle local) {
+  TensorArgs t;
+  const TensorView g = t.input(global, "x"), l = t.output(local, "local");
+  collective(c, "dispatch", [&](comm::Communicator& mc) { runtime::dispatch(p, mc, g, l); });
+}
+
+void undispatch(const DistPlan& p, Comm& c, nb::handle local, nb::handle global) {
+  TensorArgs t;
+  const TensorView l = t.input(local, "x"), g = t.output(global, "global");
+  collective(c, "undispatch", [&](comm::Communicator& mc) { runtime::undispatch(p, mc, l, g); });
+}
+
+void roll(const DistPlan& p, Comm& c, nb::handle local_in, nb::handle local_out,
+          std::int64_t shift) {
+  TensorArgs t;
+  const TensorView in = t.input(local_in, "x"), out = t.output(local_out, "out");
+  collective(c, "roll", [&](comm::Communicator& mc) { runtime::roll(p, mc, in, out, shift); });
+}
+
+void forward(const DistPlan& p, Comm& c, nb::handle q, nb::handle k, nb::handle v, nb::handle out,
+             nb::handle lse, nb::handle sink, nb::handle max_logits,
+             std::optional<double> softmax_scale, double softcap, int num_threads) {
+  const AttnOptions opts = attn_options(softmax_scale, softcap, "sh", false, false, num_threads);
+  TensorArgs t;
+  const FwdArgs a{t.input(q, "q"),
+                  t.input(k, "k"),
+                  t.input(v, "v"),
+                  t.output(out, "out"),
+                  t.output(lse, "lse"),
+                  t.optional_input(sink, "sink"),
+                  t.optional_output(max_logits, "max_logits")};
+  collective(c, "calc_attn", [&](comm::Communicator& mc) {
+    check_local_rows(p, mc, {{&a.q, "q"}, {&a.k, "k"}, {&a.v, "v"}});
+    attn_forward(Mask(a.q.shape[0], a.k.shape[0], {}), a, opts);  // validation only
+    runtime::calc_attn_forward(p, mc, a, opts);
+  });
+}
+
+void backward(const DistPlan& p, Comm& c, nb::handle dout, nb::handle q, nb::handle k, nb::handle v,
+              nb::handle out, nb::handle lse, nb::handle dq, nb::handle dk, nb::handle dv,
+              nb::handle sink, nb::handle dsink, std::optional<double> softmax_scale,
+              double softcap, int num_threads) {
+  const AttnOptions opts = attn_options(softmax_scale, softcap, "sh", false, false, num_threads);
+  TensorArgs t;
+  const BwdArgs a{t.input(dout, "dout"),
+                  t.input(q, "q"),
+                  t.input(k, "k"),
+                  t.input(v, "v"),
+                  t.input(out, "out"),
+                  t.input(lse, "lse"),
+                  t.output(dq, "dq"),
+                  t.output(dk, "dk"),
+                  t.output(dv, "dv"),
+                  t.optional_input(sink, "sink"),
+                  t.optional_output(dsink, "dsink")};
+  collective(c, "calc_attn backward", [&](comm::Communicator& mc) {
+    check_local_rows(p, mc, {{&a.dout, "dout"}, {&a.q, "q"}, {&a.k, "k"}, {&a.v, "v"}});
+    attn_backward(Mask(a.q.shape[0], a.k.shape[0], {}), a, opts);  // validation only
+    runtime::calc_attn_backward(p, mc, a, opts);
+  });
+}
+
+void all_reduce(Comm& c, nb::handle data, const std::string& op) {
+  MAGI_CHECK(op == "sum" || op == "max", "all_reduce: op '", op, "' is not \"sum\" or \"max\"");
+  TensorArgs t;
+  const TensorView x = t.output(data, "x");
+  MAGI_CHECK(x.dtype == DType::kF32 || x.dtype == DType::kF64,
+             "x: all_reduce needs float32 or float64, got ", dtype_name(x.dtype));
+  MAGI_CHECK(x.is_contiguous(), "x: must be contiguous, got ", x.describe());
+  collective(c, "all_reduce", [&](comm::Communicator& mc) {
+    mc.all_reduce(comm::Rows{x.data, x.numel(), 1, x.dtype},
+                  op == "sum" ? comm::ReduceOp::kSum : comm::ReduceOp::kMax)
+        ->wait();
+  });
+}
+
+void barrier(Comm& c) {
+  collective(c, "barrier", [](comm::Communicator& mc) { mc.barrier(); });
+}
+
+}  // namespace
+
+void bind_runtime(nb::module_& m) {
+  m.def("dispatch", &dispatch, "plan"_a, "comm"_a, "x"_a, "local"_a,
+        "This rank's rows of global x into `local` (no communication)");
+  m.def("undispatch", &undispatch, "plan"_a, "comm"_a, "x"_a, "global_"_a,
+        "Every rank's local rows into `global_` in the global order (all_gather_v)");
+  m.def("roll", &roll, "plan"_a, "comm"_a, "x"_a, "out"_a, "shift"_a,
+        "torch.roll by `shift` along the global token order, on local rows");
+  m.def("forward", &forward, "plan"_a, "comm"_a, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a,
+        nb::kw_only(), "sink"_a.none() = nb::none(), "max_logits"_a.none() = nb::none(),
+        "softmax_scale"_a.none() = nb::none(), "softcap"_a = 0.0, "num_threads"_a = 0,
+        "calc_attn forward on local rows (out, lse, max_logits in the compute type)");
+  m.def("backward", &backward, "plan"_a, "comm"_a, "dout"_a, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a,
+        "dq"_a, "dk"_a, "dv"_a, nb::kw_only(), "sink"_a.none() = nb::none(),
+        "dsink"_a.none() = nb::none(), "softmax_scale"_a.none() = nb::none(), "softcap"_a = 0.0,
+        "num_threads"_a = 0,
+        "calc_attn backward on local rows (dq, dk, dv in the compute type; dsink partial)");
+  m.def("all_reduce", &all_reduce, "comm"_a, "x"_a, "op"_a = "sum",
+        "In-place sum or max over ranks of a contiguous float32/float64 array");
+  m.def("barrier", &barrier, "comm"_a);
+}
+
+}  // namespace magi::py::dist
