@@ -26,5 +26,7 @@ jobs=$(nproc)
 [ $((mem_gb / 3)) -lt "$jobs" ] && jobs=$((mem_gb / 3))
 [ "$jobs" -ge 1 ] || jobs=1
 
-cmake --preset "$preset"
+source scripts/cutlass.sh
+cmake --preset "$preset" ${MAGI_CUTLASS_DIR:+-DMAGI_CUTLASS_DIR=$MAGI_CUTLASS_DIR} \
+  -DMAGI_CUDA_KERNELS="$MAGI_CUDA_KERNELS"
 cmake --build --preset "$preset" -j "$jobs"

@@ -9,7 +9,10 @@ cd "$(dirname "$0")/.."
 scripts/build.sh release
 
 source scripts/python_env.sh
-$python -m pip install -q . numpy
+source scripts/cutlass.sh  # GPU kernels: headers and variant list for the module's build
+cuda_defines=(-Ccmake.define.MAGI_CUDA_KERNELS="$MAGI_CUDA_KERNELS")
+[ -n "${MAGI_CUTLASS_DIR:-}" ] && cuda_defines+=(-Ccmake.define.MAGI_CUTLASS_DIR="$MAGI_CUTLASS_DIR")
+$python -m pip install -q "${cuda_defines[@]}" . numpy
 echo "[setup] python package: $($python -c 'import magiattn; print(magiattn.__file__)')"
 
 build/release/bin/magiattn run "$@"

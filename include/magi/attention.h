@@ -35,6 +35,7 @@ struct AttnOptions {
   bool deterministic = false;  // CPU: always bitwise deterministic for a fixed thread count
   int num_threads = 0;         // CPU: 0 = all hardware threads
   int sm_margin = 0;           // GPU: SMs left free for communication kernels
+  std::uintptr_t cuda_stream = 0;  // GPU: the cudaStream_t to run on (0: the default stream)
 };
 
 struct FwdArgs {

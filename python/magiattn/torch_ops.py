@@ -43,7 +43,8 @@ def ffa_forward(
                sink=None if sink is None else sink.detach(),
                max_logits=max_logits if return_max_logits else None,
                softmax_scale=softmax_scale, softcap=softcap, sink_layout=sink_layout,
-               deterministic=deterministic)
+               deterministic=deterministic,
+               cuda_stream=torch.cuda.current_stream(q.device).cuda_stream if q.is_cuda else 0)
     return out, lse, max_logits
 
 

@@ -21,9 +21,10 @@ using namespace nb::literals;
 void forward(nb::handle q, nb::handle k, nb::handle v, const Mask& mask, nb::handle out,
              nb::handle lse, nb::handle sink, nb::handle max_logits,
              std::optional<double> softmax_scale, double softcap, const std::string& sink_layout,
-             bool accumulate, bool deterministic, int num_threads) {
-  const AttnOptions opts =
+             bool accumulate, bool deterministic, int num_threads, std::uintptr_t cuda_stream) {
+  AttnOptions opts =
       attn_options(softmax_scale, softcap, sink_layout, accumulate, deterministic, num_threads);
+  opts.cuda_stream = cuda_stream;
   TensorArgs t;  // pins the arrays until after the GIL is back
   FwdArgs a{t.input(q, "q"),
             t.input(k, "k"),
@@ -68,7 +69,9 @@ void bind_attention(nb::module_& m) {
         "softmax_scale"_a.none() = nb::none(), "softcap"_a = defaults.softcap,
         "sink_layout"_a = "sh", "accumulate"_a = defaults.accumulate,
         "deterministic"_a = defaults.deterministic, "num_threads"_a = defaults.num_threads,
-        "FFA forward (SPEC §2) into out [Nq, Hq, D] and lse [Nq, Hq]; returns None");
+        "cuda_stream"_a = 0,
+        "FFA forward (SPEC §2) into out [Nq, Hq, D] and lse [Nq, Hq]; returns None. CUDA "
+        "tensors run on cuda_stream (a cudaStream_t as an int; 0: the default stream)");
   m.def("backward", &backward, "dout"_a, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "dq"_a, "dk"_a,
         "dv"_a, "mask"_a, nb::kw_only(), "sink"_a.none() = nb::none(),
         "dsink"_a.none() = nb::none(), "softmax_scale"_a.none() = nb::none(),

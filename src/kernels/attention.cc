@@ -54,8 +54,6 @@ void check_no_alias(const TensorView& t, const char* name) {
 }
 
 void check_view(const TensorView& t, const char* name, int ndim) {
-  MAGI_CHECK(t.device == Device::kCPU, name, ": no CUDA backend is built yet (tensor is on cuda:",
-             t.device_idx, ")");
   MAGI_CHECK(t.ndim == ndim, name, ": expected ", ndim, " dims, got ", t.ndim);
   for (int d = 0; d < ndim; ++d)
     MAGI_CHECK(t.shape[d] >= 0, name, ": negative size ", t.shape[d], " in dim ", d);
@@ -67,6 +65,26 @@ void check_view(const TensorView& t, const char* name, int ndim) {
   MAGI_CHECK(t.shape[ndim - 1] <= 1 || t.stride[ndim - 1] == 1, name, ": last-dim stride ",
              t.stride[ndim - 1], " is not 1: non-contiguous strides the backend cannot honour (",
              t.describe(), ")");
+}
+
+std::string device_name(const TensorView& t) {
+  return t.device == Device::kCPU ? "cpu" : "cuda:" + std::to_string(t.device_idx);
+}
+
+void check_device(const TensorView& t, const char* name, const TensorView& q) {
+  MAGI_CHECK(t.device == q.device && (t.device == Device::kCPU || t.device_idx == q.device_idx),
+             name, ": on ", device_name(t), " but q is on ", device_name(q));
+}
+
+bool on_gpu(const TensorView& q) { return q.device == Device::kCUDA; }
+
+// What the sm90 kernel reads with 16-byte loads: 16-byte aligned rows and heads.
+void check_gpu_input(const TensorView& t, const char* name) {
+  const bool aligned = reinterpret_cast<std::uintptr_t>(t.data) % 16 == 0 &&
+                       (t.shape[0] <= 1 || t.stride[0] % 8 == 0) &&
+                       (t.shape[1] <= 1 || t.stride[1] % 8 == 0);
+  MAGI_CHECK(aligned, name, ": the GPU kernel needs 16-byte aligned data and row/head strides "
+             "that are multiples of 8 elements, got ", t.describe());
 }
 
 void check_shape(const TensorView& t, const char* name, const TensorView& like,
@@ -88,6 +106,8 @@ kernels::Resolved resolve(const Mask& mask, const TensorView& q, const TensorVie
   check_view(k, "k", 3);
   check_view(v, "v", 3);
   check_shape(v, "v", k, "k");
+  check_device(k, "k", q);
+  check_device(v, "v", q);
   check_dtype(k, "k", q.dtype, "k must match q");
   check_dtype(v, "v", q.dtype, "v must match q");
   MAGI_CHECK(q.shape[0] == mask.total_seqlen_q(), "q: ", q.shape[0],
@@ -120,6 +140,7 @@ kernels::Resolved resolve(const Mask& mask, const TensorView& q, const TensorVie
     MAGI_CHECK(sink->ndim == (sh ? 2 : 3), "sink: ", sink->ndim, " dims, but layout ",
                sh ? "\"sh\" is [S_sink, Hq]" : "\"ssh\" is [Nq, S_sink, Hq]");
     check_view(*sink, "sink", sh ? 2 : 3);
+    check_device(*sink, "sink", q);
     const TensorView& s = *sink;
     const std::int64_t len = s.shape[sh ? 0 : 1];
     if (sh)
@@ -140,6 +161,20 @@ kernels::Resolved resolve(const Mask& mask, const TensorView& q, const TensorVie
   r.accumulate = opts.accumulate;
   r.deterministic = opts.deterministic;
   r.num_threads = opts.num_threads > 0 ? opts.num_threads : omp_get_max_threads();
+  if (on_gpu(q)) {
+#ifndef MAGI_HAS_SM90
+    MAGI_FAIL("q: on ", device_name(q), " but this magiattn was built without CUDA "
+              "(configure with nvcc and the nvidia-cutlass headers)");
+#endif
+    MAGI_CHECK(q.dtype == DType::kBF16 || q.dtype == DType::kF16, "q: dtype ",
+               dtype_name(q.dtype), " is not bf16 or fp16 (the GPU kernels; fp32/fp64 run on CPU)");
+    MAGI_CHECK(d == 64 || d == 128 || d == 192 || d == 256, "q: head dim ", d,
+               " is not one of the GPU kernel's 64, 128, 192, 256");
+    check_gpu_input(q, "q");
+    check_gpu_input(k, "k");
+    check_gpu_input(v, "v");
+    MAGI_CHECK(!sink || sink->dtype == DType::kF32, "sink: must be fp32 on the GPU");
+  }
   return r;
 }
 
@@ -172,6 +207,8 @@ double attn_fwd_flops(std::int64_t area, std::int64_t num_heads_q, std::int64_t 
 void attn_forward(const Mask& mask, const FwdArgs& a, const AttnOptions& opts) {
   const kernels::Resolved r = resolve(mask, a.q, a.k, a.v, a.sink, opts);
   check_view(a.out, "out", 3);
+  check_device(a.out, "out", a.q);
+  check_device(a.lse, "lse", a.q);
   check_shape(a.out, "out", a.q, "q");
   check_no_alias(a.out, "out");
   check_accumulable(a.out, "out", r);
@@ -182,13 +219,22 @@ void attn_forward(const Mask& mask, const FwdArgs& a, const AttnOptions& opts) {
                shape_str(*a.max_logits), " is not [Hq=", r.dims.heads_q, "]");
     check_no_alias(*a.max_logits, "max_logits");
     check_dtype(*a.max_logits, "max_logits", r.compute, "max_logits is kept in the compute type");
+    check_device(*a.max_logits, "max_logits", a.q);
   }
+#ifdef MAGI_HAS_SM90
+  if (on_gpu(a.q)) return kernels::sm90::forward(mask, a, r, opts.sm_margin, opts.cuda_stream);
+#endif
   kernels::cpu::forward(mask, a, r);
 }
 
 void attn_backward(const Mask& mask, const BwdArgs& a, const AttnOptions& opts) {
+  MAGI_CHECK(!on_gpu(a.q), "attn_backward: the GPU backward is not built yet (q is on ",
+             device_name(a.q), "); run it on CPU tensors");
   const kernels::Resolved r = resolve(mask, a.q, a.k, a.v, a.sink, opts);
   check_view(a.dout, "dout", 3);
+  check_device(a.dout, "dout", a.q);
+  check_device(a.out, "out", a.q);
+  check_device(a.lse, "lse", a.q);
   check_shape(a.dout, "dout", a.q, "q");
   check_dtype(a.dout, "dout", a.q.dtype, "dout must match q");
   check_view(a.out, "out", 3);
@@ -200,6 +246,7 @@ void attn_backward(const Mask& mask, const BwdArgs& a, const AttnOptions& opts) 
   const char* like_names[] = {"q", "k", "v"};
   for (int i = 0; i < 3; ++i) {
     check_view(*grads[i].first, grads[i].second, 3);
+    check_device(*grads[i].first, grads[i].second, a.q);
     check_shape(*grads[i].first, grads[i].second, *likes[i], like_names[i]);
     check_no_alias(*grads[i].first, grads[i].second);
     check_accumulable(*grads[i].first, grads[i].second, r);
@@ -207,6 +254,7 @@ void attn_backward(const Mask& mask, const BwdArgs& a, const AttnOptions& opts) 
   if (a.dsink) {
     MAGI_CHECK(a.sink.has_value(), "dsink: given without a sink");
     check_view(*a.dsink, "dsink", a.sink->ndim);
+    check_device(*a.dsink, "dsink", a.q);
     check_shape(*a.dsink, "dsink", *a.sink, "sink");
     check_no_alias(*a.dsink, "dsink");
     check_dtype(*a.dsink, "dsink", a.sink->dtype, "dsink must match sink");

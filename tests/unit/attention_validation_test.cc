@@ -242,14 +242,31 @@ TEST(AttentionValidation, OutputShapesMustFollowTheInputs) {
   EXPECT_TRUE(throws_with(c, "dout: shape [3, 4, 8] differs from q shape [4, 4, 8]"));
 }
 
-TEST(AttentionValidation, CudaTensorsHaveNoBackendYet) {
+TEST(AttentionValidation, TensorsMustShareQsDevice) {
   Fwd f;
-  f.args.q.device = Device::kCUDA;
-  EXPECT_TRUE(throws_with(f, "q: no CUDA backend is built yet"));
+  f.args.k.device = Device::kCUDA;
+  EXPECT_TRUE(throws_with(f, "k: on cuda:0 but q is on cpu"));
   Bwd b;
   b.args.dq.device = Device::kCUDA;
   b.args.dq.device_idx = 3;
-  EXPECT_TRUE(throws_with(b, "dq: no CUDA backend is built yet (tensor is on cuda:3)"));
+  EXPECT_TRUE(throws_with(b, "dq: on cuda:3 but q is on cpu"));
+  Fwd g;
+  g.args.q.device = g.args.k.device = g.args.v.device = Device::kCUDA;
+  g.args.sink->device = g.args.out.device = g.args.lse.device = Device::kCUDA;
+  g.args.out.device_idx = 1;
+  EXPECT_TRUE(throws_with(g, "out: on cuda:1 but q is on cuda:0") ||
+              throws_with(g, "built without CUDA") || throws_with(g, "is not bf16 or fp16"));
+}
+
+TEST(AttentionValidation, GpuRejectsWhatItCannotRun) {
+  Fwd f;  // fp32 inputs: a CPU-only build says so first, a CUDA build names the dtype
+  f.args.q.device = f.args.k.device = f.args.v.device = Device::kCUDA;
+  f.args.sink->device = f.args.out.device = f.args.lse.device = Device::kCUDA;
+  EXPECT_TRUE(throws_with(f, "q: on cuda:0 but this magiattn was built without CUDA") ||
+              throws_with(f, "q: dtype fp32 is not bf16 or fp16"));
+  Bwd b;
+  b.args.q.device = Device::kCUDA;
+  EXPECT_TRUE(throws_with(b, "attn_backward: the GPU backward is not built yet (q is on cuda:0)"));
 }
 
 TEST(AttentionValidation, SinkShapeFollowsItsLayout) {

@@ -41,7 +41,6 @@ WorkList make_work_list(const Mask& mask, std::int32_t block_m, std::int32_t blo
   w.block_n = block_n;
   for (std::int64_t t = 0; t < num_tiles; ++t) {
     auto& ps = per_tile[std::size_t(t)];
-    if (ps.empty()) continue;
     Tile tile{std::int32_t(t * block_m), std::int32_t(w.pieces.size()), 0, 0};
     for (const Piece& p : ps) {
       tile.num_blocks += (p.k1 - p.k0 + block_n - 1) / block_n;

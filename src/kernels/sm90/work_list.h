@@ -32,7 +32,8 @@ struct Tile {
 
 struct WorkList {
   std::int32_t block_m = 0, block_n = 0;
-  std::vector<Tile> tiles;  // heavy first; tiles whose rows see nothing are omitted
+  std::vector<Tile> tiles;  // every query tile, heavy first (those that see nothing last:
+                            // their rows still get out 0 and lse -inf)
   std::vector<Piece> pieces;
   std::int64_t total_blocks = 0;
 };

@@ -1,0 +1,36 @@
+# Sourced by build.sh and the Python install: when nvcc exists, puts the CUTLASS/CuTe headers
+# of the pinned nvidia-cutlass wheel in build/_deps (downloaded once with pip, or taken from
+# $MAGI_CUTLASS_WHEEL on a machine without network) and exports MAGI_CUTLASS_DIR. Headers only:
+# nothing is pip-installed, so an externally managed Python is no obstacle.
+MAGI_CUTLASS_VERSION=4.2.0.0
+if command -v nvcc >/dev/null 2>&1 && [ -z "${MAGI_CUTLASS_DIR:-}" ]; then
+  dest=build/_deps/cutlass-$MAGI_CUTLASS_VERSION
+  if [ ! -f "$dest/include/cute/tensor.hpp" ]; then
+    wheel=${MAGI_CUTLASS_WHEEL:-}
+    if [ -z "$wheel" ]; then
+      python3 -m pip download -q --no-deps "nvidia-cutlass==$MAGI_CUTLASS_VERSION" -d build/_deps
+      wheel=$(ls build/_deps/nvidia_cutlass-$MAGI_CUTLASS_VERSION-*.whl | head -1)
+    fi
+    python3 - "$wheel" "$dest/include" <<'PY'
+import sys, zipfile, pathlib
+wheel, dest = sys.argv[1], pathlib.Path(sys.argv[2])
+prefix = "cutlass_library/source/include/"
+with zipfile.ZipFile(wheel) as z:
+    for name in z.namelist():
+        if name.startswith(prefix) and not name.endswith("/"):
+            out = dest / name[len(prefix):]
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_bytes(z.read(name))
+PY
+    echo "[setup] CUTLASS $MAGI_CUTLASS_VERSION headers in $dest/include"
+  fi
+  export MAGI_CUTLASS_DIR=$PWD/$dest/include
+fi
+# Kernel variants: every one where a GPU is present, one (a build check) where none is.
+if [ -z "${MAGI_CUDA_KERNELS:-}" ]; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    export MAGI_CUDA_KERNELS=all
+  else
+    export MAGI_CUDA_KERNELS=ci
+  fi
+fi

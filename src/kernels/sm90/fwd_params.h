@@ -1,0 +1,36 @@
+// Plain parameters of the sm90 forward kernel (host and device see the same struct). Strides
+// are in elements; every tensor's last dim is unit-stride (attention.cc checks it).
+#pragma once
+
+#include <cstdint>
+
+#include "work_list.h"
+
+namespace magi::kernels::sm90 {
+
+enum class OutType : std::int32_t { kBF16, kF16, kF32 };
+
+struct FwdParams {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  void* out = nullptr;
+  float* lse = nullptr;
+  float* max_logits = nullptr;  // nullptr: not requested
+  const float* sink = nullptr;  // nullptr: no sink
+  std::int64_t q_row, q_head, k_row, k_head, v_row, v_head, o_row, o_head, lse_row, lse_head;
+  std::int64_t sink_row = 0, sink_s = 0, sink_head = 0;  // sink_row 0: per head ("sh")
+  std::int32_t sink_len = 0;
+  std::int32_t num_q = 0, num_k = 0, heads_q = 0, heads_kv = 0;
+  float scale = 0;       // softmax scale
+  float softcap = 0;     // 0: off
+  OutType out_type = OutType::kBF16;
+  bool accumulate = false;  // out (fp32) and lse hold a partial result to merge with
+  // Work list on the device, and the persistent scheduler's counter (zeroed per launch).
+  const Tile* tiles = nullptr;
+  const Piece* pieces = nullptr;
+  std::int32_t num_tiles = 0;
+  std::int32_t* counter = nullptr;
+};
+
+}  // namespace magi::kernels::sm90
