@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# The GPU test command (run it on the GPU machine): configure and build build/gpu with the sm90
+# kernels, run every CTest test labelled `gpu`, then, when compute-sanitizer is installed, run
+# a few small cases of the test binary under its memcheck and racecheck tools.
+#
+#   MAGI_CUDA_KERNELS    all (default) | ci (bf16/D128 only: one CUDA translation unit)
+#   MAGI_CUTLASS_DIR     CUTLASS include dir; else CMake asks the nvidia-cutlass python package
+#   CMAKE_PREFIX_PATH    where nlohmann-json, CLI11 and GTest are found (that machine has no
+#                        network: the caller provides them)
+#   MAGI_GPU_BUILD_DIR   build directory (default build/gpu)
+#   MAGI_GPU_CMAKE_ARGS  extra configure arguments (word-split)
+#   MAGI_SANITIZE_FILTER gtest filter for the sanitizer runs (default: 3 small cases)
+# Exit status: non-zero when the build, a test or a sanitizer run fails.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${MAGI_GPU_BUILD_DIR:-build/gpu}
+
+# All cores, but at most one job per 6 GB of RAM: a CuTe translation unit takes gigabytes.
+mem_gb=$(awk '/MemTotal/ {print int($2 / 1048576)}' /proc/meminfo)
+jobs=$(nproc)
+[ $((mem_gb / 6)) -lt "$jobs" ] && jobs=$((mem_gb / 6))
+[ "$jobs" -ge 1 ] || jobs=1
+
+args=(-S . -B "$build" -DCMAKE_BUILD_TYPE=Release
+      -DMAGI_CUDA_KERNELS="${MAGI_CUDA_KERNELS:-all}"
+      # Only the GPU tests are built here: no benches, command line or Python module to find
+      # dependencies for.
+      -DMAGI_BUILD_TESTS=ON -DMAGI_BUILD_BENCH=OFF -DMAGI_BUILD_APPS=OFF -DMAGI_BUILD_PYTHON=OFF)
+if [ ! -f "$build/CMakeCache.txt" ] && command -v ninja >/dev/null; then args+=(-G Ninja); fi
+[ -n "${MAGI_CUTLASS_DIR:-}" ] && args+=(-DMAGI_CUTLASS_DIR="$MAGI_CUTLASS_DIR")
+# shellcheck disable=SC2206
+[ -n "${MAGI_GPU_CMAKE_ARGS:-}" ] && args+=(${MAGI_GPU_CMAKE_ARGS})
+echo "[gpu_test] configure $build (MAGI_CUDA_KERNELS=${MAGI_CUDA_KERNELS:-all}), $jobs jobs"
+cmake "${args[@]}"
+grep -q '^MAGI_ENABLE_CUDA:BOOL=ON' "$build/CMakeCache.txt" || {
+  echo "[gpu_test] CUDA is not enabled in $build (no nvcc found?): nothing to test" >&2
+  exit 1
+}
+
+# With Ninja, build just what tests/gpu defines (and what it links); else everything.
+if grep -q '^CMAKE_GENERATOR:INTERNAL=Ninja' "$build/CMakeCache.txt"; then
+  cmake --build "$build" -j "$jobs" --target tests/gpu/all
+else
+  cmake --build "$build" -j "$jobs"
+fi
+
+nvidia-smi -L 2>/dev/null || echo "[gpu_test] nvidia-smi found no GPU: the gpu tests will skip"
+status=0
+(cd "$build" && ctest -L gpu --output-on-failure) || status=1
+
+bin="$build/tests/gpu/sm90_forward_test"
+filter=${MAGI_SANITIZE_FILTER:-Sm90Forward.RowsThatSeeNothing:Sm90Forward.NanAndInfInUnseenRowsDoNotLeak:Sm90Forward.OnePersistentCtaOnAUserStream}
+if command -v compute-sanitizer >/dev/null; then
+  for tool in memcheck racecheck; do
+    log="$build/sanitizer_$tool.log"
+    rc=0
+    compute-sanitizer --tool "$tool" --error-exitcode 99 "$bin" --gtest_filter="$filter" \
+      >"$log" 2>&1 || rc=$?
+    summary=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -n 1 | sed 's/^=* *//')
+    tests=$(grep -E '^\[  (PASSED|FAILED)  \]' "$log" | head -n 1 || true)
+    echo "[gpu_test] $tool on $filter: ${summary:-no summary} | ${tests:-no gtest result}" \
+         "| exit $rc (log $log)"
+    [ "$rc" -eq 0 ] || status=1
+  done
+else
+  echo "[gpu_test] compute-sanitizer not found: memcheck and racecheck skipped"
+fi
+exit "$status"

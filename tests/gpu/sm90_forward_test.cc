@@ -1,0 +1,1166 @@
+// The Hopper (sm90) forward against the fp64 oracle, by SPEC §5's rule for GPU kernels: the
+// kernel's error may be at most twice that of a naive implementation in the same precision.
+//
+// Every case draws N(0, 1) inputs rounded to bf16/fp16 (testing::random_problem), so the fp64
+// oracle (oracle::forward) sees exactly the values the GPU reads. Next to it, naive_forward()
+// below is the same-precision naive reference, computed on the host row by row over the dense
+// mask (masks::to_dense): s = scale * q.k in fp32 (softcap applied if set), m = max s,
+// p = exp(s - m) in fp32 and rounded to the 16-bit input dtype before it multiplies V (as the
+// kernel's P operand is), O = sum p v in fp32, l = sum of the unrounded p in fp32,
+// lse = m + log l, out = O / l; a sink is then folded in as SPEC §2 says
+// (lse' = logaddexp(lse, logsumexp sink), out' = out * exp(lse - lse')), and out is rounded to
+// the out dtype.
+//
+// Error measures (NaN/inf positions must match first, else the error is +inf):
+//   out:        oracle::rel_error, i.e. max|a - b| / max|b| over the whole tensor;
+//               required: err(gpu) <= 2 * err(naive) + 1e-6.
+//   lse:        max absolute error over the finite entries (-inf rows must be -inf exactly);
+//               required: err(gpu) <= 2 * err(naive) + 1e-5.
+//   max_logits: max|a - b| / max(max|b|, 1) against the oracle (fp32 from exact 16-bit
+//               products); required <= 1e-5.
+// Rows that see nothing must give out exactly 0 and lse exactly -inf (lse_sink with a sink).
+//
+// No CUDA device (CI, build machines): every test skips with kNoDevice, which CTest turns into
+// "Skipped" (tests/gpu/CMakeLists.txt). Variants that are not built (MAGI_CUDA_KERNELS=ci has
+// bf16/D128 only) are detected by their "no kernel for q dtype" error and skipped with a
+// message; bf16/D128 must always run. MAGI_TEST_SEED replays the random sweep; MAGI_TEST_LEVEL
+// =full makes it longer.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <iomanip>
+#include <iostream>
+#include <limits>
+#include <map>
+#include <numeric>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "attn_case.h"
+#include "error_of.h"
+#include "magi/error.h"
+#include "magi/mask_builders.h"
+#include "seed.h"
+
+namespace magi {
+namespace {
+
+using oracle::FwdResult;
+using oracle::Problem;
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr char kNoDevice[] = "sm90_forward_test: no CUDA device";
+
+// ---------------------------------------------------------------------------------------------
+// Device plumbing
+
+bool have_device() {
+  static const bool has = [] {
+    int n = 0;
+    const cudaError_t e = cudaGetDeviceCount(&n);
+    (void)cudaGetLastError();  // a missing driver leaves a sticky error behind
+    return e == cudaSuccess && n > 0;
+  }();
+  return has;
+}
+
+#define REQUIRE_GPU()                                                         \
+  do {                                                                        \
+    if (!have_device()) GTEST_SKIP() << kNoDevice << " (cudaGetDeviceCount)"; \
+  } while (0)
+
+void cuda_ok(cudaError_t e, const std::string& what) {
+  if (e != cudaSuccess)
+    throw std::runtime_error("CUDA error in " + what + ": " + cudaGetErrorName(e) + " (" +
+                             cudaGetErrorString(e) + ")");
+}
+
+// Waits for the device and surfaces any asynchronous kernel error.
+void sync(const std::string& what) {
+  cuda_ok(cudaDeviceSynchronize(), what + " (synchronize)");
+  cuda_ok(cudaGetLastError(), what);
+}
+
+int current_device() {
+  int d = 0;
+  cuda_ok(cudaGetDevice(&d), "cudaGetDevice");
+  return d;
+}
+
+class DeviceMem {
+ public:
+  DeviceMem() = default;
+  explicit DeviceMem(std::size_t bytes) : bytes_(bytes) {
+    if (bytes > 0) cuda_ok(cudaMalloc(&ptr_, bytes), "cudaMalloc");
+  }
+  ~DeviceMem() {
+    if (ptr_ != nullptr) cudaFree(ptr_);
+  }
+  DeviceMem(const DeviceMem&) = delete;
+  DeviceMem& operator=(const DeviceMem&) = delete;
+  DeviceMem(DeviceMem&& o) noexcept { *this = std::move(o); }
+  DeviceMem& operator=(DeviceMem&& o) noexcept {
+    std::swap(ptr_, o.ptr_);
+    std::swap(bytes_, o.bytes_);
+    return *this;
+  }
+
+  void* get() const { return ptr_; }
+  std::size_t bytes() const { return bytes_; }
+  void upload(const std::vector<unsigned char>& host) {
+    if (bytes_ > 0)
+      cuda_ok(cudaMemcpy(ptr_, host.data(), bytes_, cudaMemcpyHostToDevice), "upload");
+  }
+  std::vector<unsigned char> download() const {
+    std::vector<unsigned char> host(bytes_);
+    if (bytes_ > 0)
+      cuda_ok(cudaMemcpy(host.data(), ptr_, bytes_, cudaMemcpyDeviceToHost), "download");
+    return host;
+  }
+  // 0xff bytes are NaN in fp32, bf16 and fp16 alike: an element the kernel fails to write
+  // stays NaN and fails every comparison.
+  void fill_nan() {
+    if (bytes_ > 0) cuda_ok(cudaMemset(ptr_, 0xff, bytes_), "cudaMemset");
+  }
+
+ private:
+  void* ptr_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+std::vector<unsigned char> encode(DType t, const std::vector<double>& xs) {
+  std::vector<unsigned char> b(xs.size() * std::size_t(dtype_size(t)));
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    unsigned char* dst = b.data() + i * std::size_t(dtype_size(t));
+    switch (t) {
+      case DType::kF64:
+        std::memcpy(dst, &xs[i], 8);
+        break;
+      case DType::kF32: {
+        const float f = float(xs[i]);
+        std::memcpy(dst, &f, 4);
+        break;
+      }
+      case DType::kBF16: {
+        const BF16 h = to_bf16(float(xs[i]));
+        std::memcpy(dst, &h, 2);
+        break;
+      }
+      case DType::kF16: {
+        const F16 h = to_f16(float(xs[i]));
+        std::memcpy(dst, &h, 2);
+        break;
+      }
+    }
+  }
+  return b;
+}
+
+std::vector<double> decode(DType t, const std::vector<unsigned char>& b) {
+  std::vector<double> xs(b.size() / std::size_t(dtype_size(t)));
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    const unsigned char* src = b.data() + i * std::size_t(dtype_size(t));
+    switch (t) {
+      case DType::kF64:
+        std::memcpy(&xs[i], src, 8);
+        break;
+      case DType::kF32: {
+        float f;
+        std::memcpy(&f, src, 4);
+        xs[i] = f;
+        break;
+      }
+      case DType::kBF16: {
+        BF16 h;
+        std::memcpy(&h, src, 2);
+        xs[i] = to_float(h);
+        break;
+      }
+      case DType::kF16: {
+        F16 h;
+        std::memcpy(&h, src, 2);
+        xs[i] = to_float(h);
+        break;
+      }
+    }
+  }
+  return xs;
+}
+
+TensorView device_view(void* data, DType t, const std::vector<std::int64_t>& shape,
+                       const std::vector<std::int64_t>& stride) {
+  TensorView v;
+  v.data = data;
+  v.dtype = t;
+  v.device = Device::kCUDA;
+  v.device_idx = current_device();
+  v.ndim = int(shape.size());
+  for (int d = 0; d < v.ndim; ++d)
+    v.shape[d] = shape[std::size_t(d)], v.stride[d] = stride[std::size_t(d)];
+  return v;
+}
+
+std::vector<std::int64_t> contiguous_strides(const std::vector<std::int64_t>& shape) {
+  std::vector<std::int64_t> s(shape.size(), 1);
+  for (int d = int(shape.size()) - 2; d >= 0; --d)
+    s[std::size_t(d)] = s[std::size_t(d) + 1] * shape[std::size_t(d) + 1];
+  return s;
+}
+
+std::int64_t numel_of(const std::vector<std::int64_t>& shape) {
+  return std::accumulate(shape.begin(), shape.end(), std::int64_t{1}, std::multiplies<>());
+}
+
+// A contiguous device tensor, NaN until written.
+struct DevTensor {
+  DType dtype;
+  std::vector<std::int64_t> shape;
+  DeviceMem mem;
+  TensorView view;
+
+  DevTensor(DType t, std::vector<std::int64_t> shp)
+      : dtype(t),
+        shape(std::move(shp)),
+        mem(std::size_t(numel_of(shape)) * std::size_t(dtype_size(t))) {
+    mem.fill_nan();
+    view = device_view(mem.get(), dtype, shape, contiguous_strides(shape));
+  }
+  void upload(const std::vector<double>& xs) { mem.upload(encode(dtype, xs)); }
+  std::vector<double> download() const { return decode(dtype, mem.download()); }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Which (dtype, head dim) kernels this build has
+
+std::string variant_name(DType t, std::int64_t d) {
+  return std::string(dtype_name(t)) + "/D" + std::to_string(d);
+}
+
+// Runs a 1x1 problem: nullopt when the variant exists, else the "no kernel" message.
+std::optional<std::string> missing_variant(DType t, std::int64_t d) {
+  static std::map<std::pair<DType, std::int64_t>, std::optional<std::string>> cache;
+  const auto key = std::pair{t, d};
+  if (auto it = cache.find(key); it != cache.end()) return it->second;
+  DevTensor q(t, {1, 1, d}), k(t, {1, 1, d}), v(t, {1, 1, d}), out(t, {1, 1, d});
+  DevTensor lse(DType::kF32, {1, 1});
+  q.upload(std::vector<double>(std::size_t(d), 0.0));
+  k.upload(std::vector<double>(std::size_t(d), 0.0));
+  v.upload(std::vector<double>(std::size_t(d), 0.0));
+  const Mask mask(1, 1, {Slice{{0, 1}, {0, 1}, MaskType::kFull}});
+  std::optional<std::string> missing;
+  try {
+    attn_forward(mask, FwdArgs{q.view, k.view, v.view, out.view, lse.view, {}, {}});
+    sync("probe " + variant_name(t, d));
+  } catch (const Error& e) {
+    if (std::string(e.what()).find("no kernel for q dtype") == std::string::npos) throw;
+    missing = e.what();
+  }
+  return cache[key] = missing;
+}
+
+// True when the kernel for (t, d) is built; else says why once and returns false. bf16/D128 is
+// in every CUDA build: its absence is a failure.
+bool built(DType t, std::int64_t d) {
+  static std::map<std::pair<DType, std::int64_t>, bool> told;
+  const auto missing = missing_variant(t, d);
+  if (!missing) return true;
+  if (t == DType::kBF16 && d == 128) {
+    ADD_FAILURE() << "bf16/D128 must be built in every CUDA build: " << *missing;
+  } else if (!told[{t, d}]) {
+    told[{t, d}] = true;
+    std::cout << "[ skipped  ] " << variant_name(t, d) << " is not built: " << *missing << "\n";
+  }
+  return false;
+}
+
+// ---------------------------------------------------------------------------------------------
+// One case: dtypes, heads, options
+
+struct Case {
+  DType in = DType::kBF16;
+  DType out = DType::kBF16;  // forward out dtype (bf16, fp16 or fp32)
+  std::int64_t hq = 4, hkv = 2, d = 128;
+  std::int64_t sink_len = 0;
+  AttnOptions opts;  // softmax_scale, softcap, sink_layout (accumulate is set by the tests)
+  bool max_logits = true;
+};
+
+Case with_dtype(Case c, DType in) {
+  if (c.out == c.in) c.out = in;  // "out like in" follows the input dtype
+  c.in = in;
+  return c;
+}
+
+std::string describe(const Case& c, const Mask& mask) {
+  std::ostringstream os;
+  os << variant_name(c.in, c.d) << " out " << dtype_name(c.out) << " " << mask.total_seqlen_q()
+     << "x" << mask.total_seqlen_k() << " (" << mask.size() << " slices, area " << mask.area()
+     << ") hq " << c.hq << " hkv " << c.hkv;
+  if (c.opts.softcap > 0) os << " softcap " << c.opts.softcap;
+  if (c.opts.softmax_scale) os << " scale " << *c.opts.softmax_scale;
+  if (c.sink_len > 0)
+    os << " sink " << c.sink_len << (c.opts.sink_layout == SinkLayout::kSH ? " sh" : " ssh");
+  return os.str();
+}
+
+Problem make_problem(const Mask& mask, const Case& c, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  testing::Config cfg = testing::config_for(c.in);
+  cfg.sink = DType::kF32;  // the GPU takes fp32 sinks
+  cfg.opts = c.opts;
+  return testing::random_problem(rng, mask.total_seqlen_q(), mask.total_seqlen_k(), c.hq, c.hkv,
+                                 c.d, cfg, c.sink_len);
+}
+
+std::vector<std::int64_t> sink_shape(const Problem& p) { return testing::sink_shape(p); }
+
+// Device buffers of one forward call; q/k/v/sink hold the problem, out/lse/max_logits NaN.
+struct GpuCall {
+  DevTensor q, k, v, out, lse, max_logits;
+  std::optional<DevTensor> sink;
+  bool has_max_logits;
+
+  GpuCall(const Problem& p, const Case& c)
+      : q(c.in, {p.num_q, p.heads_q, p.head_dim}),
+        k(c.in, {p.num_k, p.heads_kv, p.head_dim}),
+        v(c.in, {p.num_k, p.heads_kv, p.head_dim}),
+        out(c.out, {p.num_q, p.heads_q, p.head_dim}),
+        lse(DType::kF32, {p.num_q, p.heads_q}),
+        max_logits(DType::kF32, {p.heads_q}),
+        has_max_logits(c.max_logits) {
+    q.upload(p.q);
+    k.upload(p.k);
+    v.upload(p.v);
+    if (p.sink_len > 0) {
+      sink.emplace(DType::kF32, sink_shape(p));
+      sink->upload(p.sink);
+    }
+  }
+  FwdArgs args(bool with_sink = true) const {
+    FwdArgs a{q.view, k.view, v.view, out.view, lse.view, std::nullopt, std::nullopt};
+    if (sink && with_sink) a.sink = sink->view;
+    if (has_max_logits) a.max_logits = max_logits.view;
+    return a;
+  }
+  FwdResult result() const {
+    sync("download");
+    return {out.download(), lse.download(),
+            has_max_logits ? max_logits.download() : std::vector<double>{}};
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// The same-precision naive reference (header comment)
+
+float round16(DType t, float x) { return float(testing::round_to(t, x)); }
+
+FwdResult naive_forward(const Mask& mask, const Problem& p, DType in, DType out_dtype) {
+  const std::int64_t nq = p.num_q, nk = p.num_k, hq = p.heads_q, d = p.head_dim;
+  const std::int64_t group = p.heads_q / p.heads_kv;
+  const std::vector<std::uint8_t> dense = masks::to_dense(mask);
+  const float scale = float(p.scale != 0 ? p.scale : 1.0 / std::sqrt(double(d)));
+  const float cap = float(p.softcap);
+  const std::vector<float> q(p.q.begin(), p.q.end()), k(p.k.begin(), p.k.end()),
+      v(p.v.begin(), p.v.end());
+  FwdResult r;
+  r.out.assign(std::size_t(nq * hq * d), 0.0);
+  r.lse.assign(std::size_t(nq * hq), -kInf);
+#pragma omp parallel for schedule(dynamic, 4)
+  for (std::int64_t i = 0; i < nq; ++i) {
+    std::vector<std::int64_t> keys;
+    for (std::int64_t j = 0; j < nk; ++j)
+      if (dense[std::size_t(i * nk + j)]) keys.push_back(j);
+    std::vector<float> s(keys.size()), o(static_cast<std::size_t>(d));
+    for (std::int64_t h = 0; h < hq; ++h) {
+      const float* qi = &q[std::size_t((i * hq + h) * d)];
+      const std::int64_t hk = h / group;
+      float m = -std::numeric_limits<float>::infinity();
+      for (std::size_t n = 0; n < keys.size(); ++n) {
+        const float* kj = &k[std::size_t((keys[n] * p.heads_kv + hk) * d)];
+        float dot = 0.f;
+        for (std::int64_t e = 0; e < d; ++e) dot += qi[e] * kj[e];
+        float x = scale * dot;
+        if (cap > 0.f) x = cap * std::tanh(x / cap);
+        s[n] = x;
+        m = std::max(m, x);
+      }
+      std::fill(o.begin(), o.end(), 0.f);
+      float l = 0.f;
+      for (std::size_t n = 0; n < keys.size(); ++n) {
+        const float pn = std::exp(s[n] - m);
+        l += pn;
+        const float pr = round16(in, pn);
+        const float* vj = &v[std::size_t((keys[n] * p.heads_kv + hk) * d)];
+        for (std::int64_t e = 0; e < d; ++e) o[std::size_t(e)] += pr * vj[e];
+      }
+      float lse = keys.empty() ? -std::numeric_limits<float>::infinity() : m + std::log(l);
+      float w = keys.empty() ? 0.f : 1.f / l;
+      if (p.sink_len > 0) {
+        float smax = -std::numeric_limits<float>::infinity();
+        std::vector<float> sk(std::size_t(p.sink_len));
+        for (std::int64_t t = 0; t < p.sink_len; ++t) {
+          const std::int64_t idx =
+              p.sink_layout == SinkLayout::kSH ? t * hq + h : (i * p.sink_len + t) * hq + h;
+          sk[std::size_t(t)] = float(p.sink[std::size_t(idx)]);
+          smax = std::max(smax, sk[std::size_t(t)]);
+        }
+        float ssum = 0.f;
+        for (float x : sk) ssum += std::exp(x - smax);
+        const float lse_sink = smax + std::log(ssum);
+        const float hi = std::max(lse, lse_sink), lo = std::min(lse, lse_sink);
+        const float merged =
+            lo == -std::numeric_limits<float>::infinity() ? hi : hi + std::log1p(std::exp(lo - hi));
+        if (!keys.empty()) w *= std::exp(lse - merged);
+        lse = merged;
+      }
+      r.lse[std::size_t(i * hq + h)] = lse;
+      for (std::int64_t e = 0; e < d; ++e)
+        r.out[std::size_t((i * hq + h) * d + e)] =
+            testing::round_to(out_dtype, double(o[std::size_t(e)] * w));
+    }
+  }
+  return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Comparison
+
+// max|a - b| over finite entries; +inf when NaN/inf positions (or values) differ.
+double abs_err(const std::vector<double>& a, const std::vector<double>& b) {
+  if (a.size() != b.size()) return kInf;
+  double m = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (std::isnan(a[i]) || std::isnan(b[i])) {
+      if (std::isnan(a[i]) != std::isnan(b[i])) return kInf;
+      continue;
+    }
+    if (std::isinf(a[i]) || std::isinf(b[i])) {
+      if (a[i] != b[i]) return kInf;
+      continue;
+    }
+    m = std::max(m, std::abs(a[i] - b[i]));
+  }
+  return m;
+}
+
+struct Verdict {
+  double out, out_naive, lse, lse_naive, max_logits;
+};
+
+// SPEC §5: gpu vs oracle within twice naive vs oracle; empty rows exactly 0 / -inf.
+Verdict expect_close(const FwdResult& got, const FwdResult& want, const FwdResult& naive,
+                     std::int64_t d, bool check_max_logits, const std::string& what) {
+  Verdict v{};
+  v.out = testing::rel_err(got.out, want.out);
+  v.out_naive = testing::rel_err(naive.out, want.out);
+  v.lse = abs_err(got.lse, want.lse);
+  v.lse_naive = abs_err(naive.lse, want.lse);
+  EXPECT_TRUE(std::isfinite(v.out_naive) && std::isfinite(v.lse_naive))
+      << "test bug: the naive reference disagrees with the oracle on NaN/inf positions: " << what;
+  EXPECT_LE(v.out, 2 * v.out_naive + 1e-6)
+      << "out error vs oracle " << v.out << ", naive " << v.out_naive << ": " << what;
+  EXPECT_LE(v.lse, 2 * v.lse_naive + 1e-5)
+      << "lse abs error vs oracle " << v.lse << ", naive " << v.lse_naive << ": " << what;
+  if (check_max_logits) {
+    v.max_logits = testing::lse_err(got.max_logits, want.max_logits);
+    EXPECT_LE(v.max_logits, 1e-5) << "max_logits relative error vs oracle: " << what;
+  }
+  // Rows that see nothing: the oracle gives lse -inf (lse_sink with a sink) and out exactly 0.
+  std::int64_t nonzero = 0, bad_lse = 0, rows = 0;
+  for (std::size_t r = 0; r < want.lse.size(); ++r) {
+    const auto row = [&](const FwdResult& x, std::int64_t e) {
+      return x.out[r * std::size_t(d) + std::size_t(e)];
+    };
+    bool empty = want.lse[r] == -kInf;
+    if (!empty) {
+      empty = true;
+      for (std::int64_t e = 0; e < d && empty; ++e) empty = row(want, e) == 0.0;
+    }
+    if (!empty) continue;
+    ++rows;
+    bad_lse += want.lse[r] == -kInf && got.lse[r] != -kInf;
+    for (std::int64_t e = 0; e < d; ++e) nonzero += row(got, e) != 0.0;
+  }
+  EXPECT_EQ(nonzero, 0) << "rows that see nothing must give out exactly 0: " << what;
+  EXPECT_EQ(bad_lse, 0) << "rows that see nothing must give lse exactly -inf: " << what;
+  std::cout << "  [sm90] " << what << std::scientific << std::setprecision(2) << ": out " << v.out
+            << " (naive " << v.out_naive << "), lse " << v.lse << " (naive " << v.lse_naive << ")";
+  if (check_max_logits) std::cout << ", max_logits " << v.max_logits;
+  if (rows > 0) std::cout << std::defaultfloat << ", " << rows << " empty row-heads";
+  std::cout << std::defaultfloat << "\n";
+  return v;
+}
+
+void compare(const Mask& mask, const Problem& p, const Case& c, const FwdResult& got,
+             const std::string& what) {
+  const FwdResult want = oracle::forward(mask, p);
+  const FwdResult naive = naive_forward(mask, p, c.in, c.out);
+  expect_close(got, want, naive, p.head_dim, c.max_logits, what);
+}
+
+FwdResult run_gpu(const Mask& mask, const Problem& p, const Case& c) {
+  GpuCall call(p, c);
+  attn_forward(mask, call.args(), c.opts);
+  return call.result();
+}
+
+// One GPU forward of `mask` compared with the oracle; false when the variant is not built.
+bool check(const Mask& mask, const Case& c, std::uint64_t seed = 1, const std::string& note = "") {
+  if (!built(c.in, c.d)) return false;
+  const std::string what = describe(c, mask) + (note.empty() ? "" : " [" + note + "]");
+  SCOPED_TRACE(what);
+  const Problem p = make_problem(mask, c, seed);
+  FwdResult got;
+  try {
+    got = run_gpu(mask, p, c);
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "GPU forward threw: " << e.what() << "\n" << what;
+    return true;
+  }
+  compare(mask, p, c, got, what);
+  return true;
+}
+
+// check() for bf16 and fp16 inputs (out following the input dtype unless c.out is fp32);
+// returns how many ran.
+int check_dtypes(const Mask& mask, const Case& c, std::uint64_t seed = 1,
+                 const std::string& note = "") {
+  int ran = 0;
+  for (DType in : {DType::kBF16, DType::kF16}) ran += check(mask, with_dtype(c, in), seed, note);
+  return ran;
+}
+
+std::vector<std::int64_t> prefix_sums(const std::vector<std::int64_t>& lens) {
+  std::vector<std::int64_t> cu{0};
+  for (std::int64_t n : lens) cu.push_back(cu.back() + n);
+  return cu;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Masks
+
+TEST(Sm90Forward, FullWithLengthsNotMultipleOfTheTile) {
+  REQUIRE_GPU();
+  const Case c;
+  for (auto [sq, sk] : {std::pair<std::int64_t, std::int64_t>{1000, 1000},
+                        {77, 300},
+                        {300, 77},
+                        {129, 257},
+                        {1, 1},
+                        {128, 128}})
+    check_dtypes(masks::full(sq, sk), c);
+}
+
+TEST(Sm90Forward, Causal) {
+  REQUIRE_GPU();
+  const Case c;
+  // sq > sk: the first sq - sk rows see nothing (bottom-right aligned).
+  for (auto [sq, sk] : {std::pair<std::int64_t, std::int64_t>{1000, 1000},
+                        {77, 300},
+                        {300, 77},
+                        {513, 1025},
+                        {256, 256}})
+    check_dtypes(masks::causal(sq, sk), c);
+}
+
+TEST(Sm90Forward, VarlenCausalManySmallDocumentsAndOneLong) {
+  REQUIRE_GPU();
+  std::mt19937_64 rng(7);
+  std::vector<std::int64_t> lens;
+  for (int i = 0; i < 60; ++i)
+    lens.push_back(std::uniform_int_distribution<std::int64_t>(1, 24)(rng));
+  lens.insert(lens.begin() + 30, 1000);
+  const auto cu = prefix_sums(lens);
+  check_dtypes(masks::varlen_causal(cu), Case{});
+  check_dtypes(masks::varlen_full(cu), Case{}, 2, "varlen full");
+}
+
+TEST(Sm90Forward, SlidingWindow) {
+  REQUIRE_GPU();
+  const Case c;
+  check_dtypes(masks::sliding_window(1000, 1000, {100, 0}), c, 1, "causal window 100");
+  check_dtypes(masks::sliding_window(700, 900, {64, 32}), c, 2, "window (64, 32)");
+  const auto cu = prefix_sums({300, 37, 500, 200});
+  check_dtypes(masks::varlen_sliding_window(cu, {50, 0}, 4), c, 3, "per document, 4 global");
+}
+
+TEST(Sm90Forward, VarlenBlockCausalWithGlobalLastBlock) {
+  REQUIRE_GPU();
+  const auto cu = prefix_sums({300, 500, 77, 400});
+  check_dtypes(masks::varlen_block_causal(cu, 128, true), Case{}, 1, "block 128");
+  check_dtypes(masks::varlen_block_causal(cu, 100, true), Case{}, 2, "block 100");
+}
+
+TEST(Sm90Forward, SharedQuestionAndPrefixLm) {
+  REQUIRE_GPU();
+  const std::vector<std::int64_t> answers{150, 300, 50, 400, 1};
+  check_dtypes(masks::shared_question(200, answers), Case{}, 1, "shared question");
+  check_dtypes(masks::prefix_lm(600, 200), Case{}, 2, "prefix-lm");
+}
+
+TEST(Sm90Forward, BlockSparse) {
+  REQUIRE_GPU();
+  std::mt19937_64 rng(11);
+  std::bernoulli_distribution keep(0.3);
+  for (auto [bq, bk] : {std::pair<std::int64_t, std::int64_t>{64, 64}, {128, 128}, {96, 160}}) {
+    const std::int64_t sq = 1000, sk = 900;
+    const std::int64_t nbq = (sq + bq - 1) / bq, nbk = (sk + bk - 1) / bk;
+    std::vector<std::uint8_t> blocks(std::size_t(nbq * nbk));
+    for (auto& b : blocks) b = keep(rng);
+    check_dtypes(masks::block_sparse(blocks, sq, sk, bq, bk), Case{}, 1,
+                 "blocks " + std::to_string(bq) + "x" + std::to_string(bk));
+  }
+  // Top-k indices, padded with -1.
+  const std::int64_t n = 1024, block = 128, nb = n / block, topk = 3;
+  std::vector<std::int64_t> idx;
+  for (std::int64_t b = 0; b < nb; ++b) {
+    std::vector<std::int64_t> ids(static_cast<std::size_t>(nb));
+    std::iota(ids.begin(), ids.end(), 0);
+    std::shuffle(ids.begin(), ids.end(), rng);
+    for (std::int64_t t = 0; t < topk; ++t)
+      idx.push_back(t == 2 && b % 2 ? -1 : ids[std::size_t(t)]);
+  }
+  check_dtypes(masks::block_sparse_topk(idx, topk, n, n, block, block), Case{}, 2, "top-3");
+}
+
+TEST(Sm90Forward, RandomMasks) {
+  REQUIRE_GPU();
+  const std::uint64_t seed = testing::test_seed();
+  std::mt19937_64 rng(seed);
+  const int iterations = testing::full_level() ? 60 : 12;
+  auto pick = [&](auto xs) {
+    return xs[std::uniform_int_distribution<std::size_t>(0, xs.size() - 1)(rng)];
+  };
+  using V = std::vector<std::int64_t>;
+  int ran = 0;
+  for (int it = 0; it < iterations; ++it) {
+    const std::int64_t nq = pick(V{1, 77, 300, 700, 1000}), nk = pick(V{1, 129, 257, 500, 1000});
+    Case c;
+    c.in = pick(std::vector<DType>{DType::kBF16, DType::kF16});
+    c.d = pick(V{64, 128, 128, 192, 256});
+    c.out = pick(std::vector<DType>{c.in, DType::kF32});
+    c.hkv = pick(V{1, 2});
+    c.hq = c.hkv * (c.d > 128 ? pick(V{1, 2}) : pick(V{1, 2, 4}));
+    if (pick(V{0, 0, 0, 1})) c.opts.softcap = 5.0;
+    c.sink_len = pick(V{0, 0, 1, 3});
+    c.opts.sink_layout = pick(V{0, 1}) ? SinkLayout::kSSH : SinkLayout::kSH;
+    const Mask mask = testing::random_mask(rng, nq, nk, int(pick(V{3, 8, 16})));
+    const std::uint64_t case_seed = rng();
+    if (!built(c.in, c.d)) {  // e.g. MAGI_CUDA_KERNELS=ci: fall back to bf16/D128
+      c = with_dtype(c, DType::kBF16);
+      c.d = 128;
+    }
+    ran += check(mask, c, case_seed, testing::seed_note(seed) + " iteration " + std::to_string(it));
+    if (::testing::Test::HasFailure()) {
+      std::cout << "mask of the failing iteration:\n" << mask.to_string() << "\n";
+      break;
+    }
+  }
+  EXPECT_EQ(ran, iterations);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Heads, head dims, options
+
+TEST(Sm90Forward, GqaAndMqa) {
+  REQUIRE_GPU();
+  const Mask mask(
+      600, 700,
+      {Slice{{0, 600}, {100, 700}, MaskType::kCausal}, Slice{{0, 600}, {0, 16}, MaskType::kFull}});
+  for (std::int64_t hkv : {8, 2, 1}) {
+    Case c;
+    c.hq = 8;
+    c.hkv = hkv;
+    check_dtypes(mask, c, 1, hkv == 8 ? "MHA" : hkv == 1 ? "MQA" : "GQA");
+  }
+}
+
+TEST(Sm90Forward, HeadDims) {
+  REQUIRE_GPU();
+  const Mask mask(333, 517,
+                  {Slice{{0, 333}, {0, 517}, MaskType::kCausal},
+                   Slice{{100, 333}, {0, 40}, MaskType::kBiCausal}});
+  int ran = 0;
+  for (std::int64_t d : {64, 128, 192, 256}) {
+    Case c;
+    c.d = d;
+    ran += check_dtypes(mask, c);
+  }
+  EXPECT_GT(ran, 0);
+}
+
+TEST(Sm90Forward, Softcap) {
+  REQUIRE_GPU();
+  const Mask mask = masks::causal(600, 600);
+  Case c;
+  c.opts.softcap = 1.0;
+  c.opts.softmax_scale = 0.6;  // logits of several units: tanh saturates
+  check_dtypes(mask, c, 1, "saturating");
+  c.opts.softcap = 30.0;
+  c.opts.softmax_scale.reset();
+  check_dtypes(mask, c, 2, "mild");
+  c.d = 256;
+  c.opts.softcap = 2.0;
+  check_dtypes(mask, c, 3, "D256");
+}
+
+TEST(Sm90Forward, Sinks) {
+  REQUIRE_GPU();
+  // Small documents (rows with one or two keys, where the sink matters most), a long
+  // document, and rows 880.. that see nothing (lse = lse_sink, out = 0).
+  std::vector<Slice> slices;
+  for (std::int64_t s = 0; s < 200; s += 5)
+    slices.push_back(Slice{{s, s + 5}, {s, s + 5}, MaskType::kCausal});
+  slices.push_back(Slice{{200, 880}, {200, 880}, MaskType::kCausal});
+  const Mask mask(900, 880, slices);
+  for (SinkLayout layout : {SinkLayout::kSH, SinkLayout::kSSH})
+    for (int len : {1, 3, kMaxSinkLen}) {
+      Case c;
+      c.opts.sink_layout = layout;
+      c.sink_len = len;
+      check_dtypes(mask, c);
+    }
+  Case c;  // with fp32 out and softcap
+  c.out = DType::kF32;
+  c.sink_len = 2;
+  c.opts.softcap = 10.0;
+  check(mask, c, 5);
+}
+
+TEST(Sm90Forward, MaxLogitsArePreSoftcapMaxima) {
+  REQUIRE_GPU();
+  const Mask mask = masks::varlen_causal(prefix_sums({400, 3, 600}));
+  Case c;
+  c.hq = 8;
+  c.opts.softmax_scale = 1.5;  // maxima around 15, far above the cap
+  c.opts.softcap = 5.0;
+  check_dtypes(mask, c);
+  // The pre-softcap definition: every head's max must exceed the cap here.
+  const Problem p = make_problem(mask, c, 1);
+  const auto got = run_gpu(mask, p, c);
+  for (std::int64_t h = 0; h < c.hq; ++h)
+    EXPECT_GT(got.max_logits[std::size_t(h)], 5.0) << "head " << h;
+  c.max_logits = false;  // not requested: still fine
+  check(mask, c, 2, "no max_logits");
+}
+
+TEST(Sm90Forward, RowsThatSeeNothing) {
+  REQUIRE_GPU();
+  // Rows 0-9 in no slice, 10-19 the empty rows of a causal slice with sq > sk, 70-74 an empty
+  // bi-causal slice (sq > sk); 200-299 in no slice (whole query tiles without work).
+  const Mask mask(
+      300, 150,
+      {Slice{{10, 70}, {0, 50}, MaskType::kCausal}, Slice{{70, 75}, {0, 3}, MaskType::kBiCausal},
+       Slice{{75, 200}, {20, 150}, MaskType::kFull}});
+  check_dtypes(mask, Case{});
+  Case c;
+  c.sink_len = 2;
+  check_dtypes(mask, c, 2, "sink");
+  c.opts.sink_layout = SinkLayout::kSSH;
+  check_dtypes(mask, c, 3, "sink ssh");
+  // Nothing visible anywhere: max_logits -inf for every head too.
+  check_dtypes(Mask(300, 200, {}), Case{}, 4, "empty mask");
+  check_dtypes(Mask(200, 0, {}), Case{}, 5, "no keys");
+  check_dtypes(Mask(0, 100, {}), Case{}, 6, "no queries");
+  c.sink_len = 1;
+  check_dtypes(Mask(130, 0, {}), c, 7, "no keys, sink");
+}
+
+TEST(Sm90Forward, OutDtypes) {
+  REQUIRE_GPU();
+  const Mask mask = masks::causal(700, 700);
+  for (DType in : {DType::kBF16, DType::kF16})
+    for (DType out : {DType::kBF16, DType::kF16, DType::kF32}) {
+      Case c;
+      c.in = in;
+      c.out = out;
+      check(mask, c);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Accumulate
+
+// (lse_a, out_a) <- merge with (lse_b, out_b) in double; safe for -inf on either side.
+void merge_row(double& lse_a, double* out_a, double lse_b, const double* out_b, std::int64_t d) {
+  if (lse_b == -kInf) return;
+  const double lse = lse_a == -kInf
+                         ? lse_b
+                         : std::max(lse_a, lse_b) + std::log1p(std::exp(-std::abs(lse_a - lse_b)));
+  const double wa = lse_a == -kInf ? 0.0 : std::exp(lse_a - lse), wb = std::exp(lse_b - lse);
+  for (std::int64_t e = 0; e < d; ++e) out_a[e] = wa * out_a[e] + wb * out_b[e];
+  lse_a = lse;
+}
+
+TEST(Sm90Forward, AccumulateTwoHalvesEqualsTheWholeMask) {
+  REQUIRE_GPU();
+  std::mt19937_64 rng(41);
+  const Mask docs = testing::packed_documents(rng, 1200);  // global tokens share rows with docs
+  const Mask random = testing::random_mask(rng, 600, 700, 16);
+  for (const Mask* mask : {&docs, &random})
+    for (std::int64_t sink_len : {0, 2})
+      for (DType in : {DType::kBF16, DType::kF16}) {
+        Case c;
+        c.in = in;
+        c.out = DType::kF32;  // accumulate merges into the compute type
+        c.sink_len = sink_len;
+        c.opts.sink_layout = sink_len ? SinkLayout::kSSH : SinkLayout::kSH;
+        if (!built(c.in, c.d)) continue;
+        const auto& all = mask->slices();
+        const std::size_t half = all.size() / 2;
+        const Mask first(mask->total_seqlen_q(), mask->total_seqlen_k(),
+                         {all.begin(), all.begin() + std::ptrdiff_t(half)});
+        const Mask second(mask->total_seqlen_q(), mask->total_seqlen_k(),
+                          {all.begin() + std::ptrdiff_t(half), all.end()});
+        const std::string what = describe(c, *mask) + " [accumulate: " + std::to_string(half) +
+                                 " + " + std::to_string(all.size() - half) + " slices]";
+        SCOPED_TRACE(what);
+        const Problem p = make_problem(*mask, c, 3);
+        GpuCall call(p, c);
+        AttnOptions opts = c.opts;
+        ASSERT_NO_THROW(attn_forward(first, call.args(/*with_sink=*/false), opts));
+        opts.accumulate = true;  // the sink joins once, with the second half
+        ASSERT_NO_THROW(attn_forward(second, call.args(), opts));
+        compare(*mask, p, c, call.result(), what);
+      }
+}
+
+TEST(Sm90Forward, AccumulateIntoAGivenPartialResult) {
+  REQUIRE_GPU();
+  // Rows 0-9 and 280-299 are in no slice: without a sink they must stay bitwise unchanged.
+  const Mask mask(
+      300, 400,
+      {Slice{{10, 150}, {0, 400}, MaskType::kCausal}, Slice{{150, 280}, {0, 64}, MaskType::kFull},
+       Slice{{150, 200}, {100, 200}, MaskType::kCausal},
+       Slice{{200, 280}, {64, 300}, MaskType::kBiCausal}});
+  Case c;
+  c.out = DType::kF32;
+  if (!built(c.in, c.d)) return;
+  const std::int64_t hq = c.hq, d = c.d;
+  const Problem p = make_problem(mask, c, 9);
+  std::mt19937_64 rng(10);
+  std::normal_distribution<double> normal;
+  std::vector<double> out0(std::size_t(300 * hq * d)), lse0(std::size_t(300 * hq));
+  for (std::size_t r = 0; r < lse0.size(); ++r) {
+    const bool empty = r % 5 == 0;
+    lse0[r] = empty ? -kInf : double(float(2 * normal(rng) + 3));
+    for (std::int64_t e = 0; e < d; ++e)
+      out0[r * std::size_t(d) + std::size_t(e)] = empty ? 0.0 : double(float(normal(rng)));
+  }
+  const std::vector<double> ml0{0.25, -kInf, 100.0, -3.0};
+  GpuCall call(p, c);
+  call.out.upload(out0);
+  call.lse.upload(lse0);
+  call.max_logits.upload(ml0);
+  AttnOptions opts = c.opts;
+  opts.accumulate = true;
+  ASSERT_NO_THROW(attn_forward(mask, call.args(), opts));
+  const FwdResult got = call.result();
+
+  const FwdResult part = oracle::forward(mask, p), naive_part = naive_forward(mask, p, c.in, c.out);
+  FwdResult want{out0, lse0, {}}, naive{out0, lse0, {}};
+  for (std::size_t r = 0; r < lse0.size(); ++r) {
+    merge_row(want.lse[r], &want.out[r * std::size_t(d)], part.lse[r],
+              &part.out[r * std::size_t(d)], d);
+    merge_row(naive.lse[r], &naive.out[r * std::size_t(d)], naive_part.lse[r],
+              &naive_part.out[r * std::size_t(d)], d);
+  }
+  for (std::int64_t h = 0; h < hq; ++h)
+    want.max_logits.push_back(std::max(ml0[std::size_t(h)], part.max_logits[std::size_t(h)]));
+  expect_close(got, want, naive, d, true, describe(c, mask) + " [accumulate into given]");
+  for (std::int64_t row : {0, 5, 9, 280, 290, 299})
+    for (std::int64_t h = 0; h < hq; ++h) {
+      const std::size_t r = std::size_t(row * hq + h);
+      EXPECT_EQ(got.lse[r], lse0[r]) << "untouched row " << row << " head " << h;
+      for (std::int64_t e = 0; e < d; ++e)
+        ASSERT_EQ(got.out[r * std::size_t(d) + std::size_t(e)],
+                  out0[r * std::size_t(d) + std::size_t(e)])
+            << "untouched row " << row << " head " << h << " element " << e;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Layouts, determinism, scheduling, robustness
+
+// q, k, v as views into one packed [N, Hq + 2 Hkv, D] buffer (row stride (Hq + 2 Hkv) D; for
+// MHA this is [N, 3, H, D]), out and lse with padded rows (row strides Hq D + 8 and Hq + 3).
+// Elements outside the out and lse views must stay NaN.
+void check_packed_qkv(const Mask& mask, Case c, const std::string& note) {
+  if (!built(c.in, c.d)) return;
+  const std::string what = describe(c, mask) + " [" + note + "]";
+  SCOPED_TRACE(what);
+  const Problem p = make_problem(mask, c, 21);
+  const std::int64_t n = p.num_q, hq = c.hq, hkv = c.hkv, d = c.d;
+  const std::int64_t row = (hq + 2 * hkv) * d;
+  std::vector<double> image(std::size_t(n * row));
+  for (std::int64_t i = 0; i < n; ++i) {
+    for (std::int64_t e = 0; e < hq * d; ++e)
+      image[std::size_t(i * row + e)] = p.q[std::size_t(i * hq * d + e)];
+    for (std::int64_t e = 0; e < hkv * d; ++e) {
+      image[std::size_t(i * row + hq * d + e)] = p.k[std::size_t(i * hkv * d + e)];
+      image[std::size_t(i * row + (hq + hkv) * d + e)] = p.v[std::size_t(i * hkv * d + e)];
+    }
+  }
+  DeviceMem qkv(image.size() * std::size_t(dtype_size(c.in)));
+  qkv.upload(encode(c.in, image));
+  auto* base = static_cast<unsigned char*>(qkv.get());
+  const auto at = [&](std::int64_t elems) { return base + elems * dtype_size(c.in); };
+  const std::int64_t o_row = hq * d + 8, l_row = hq + 3;
+  DeviceMem out(std::size_t(n * o_row * dtype_size(c.out))), lse(std::size_t(n * l_row * 4)),
+      ml(std::size_t(hq * 4));
+  out.fill_nan();
+  lse.fill_nan();
+  FwdArgs a;
+  a.q = device_view(at(0), c.in, {n, hq, d}, {row, d, 1});
+  a.k = device_view(at(hq * d), c.in, {n, hkv, d}, {row, d, 1});
+  a.v = device_view(at((hq + hkv) * d), c.in, {n, hkv, d}, {row, d, 1});
+  a.out = device_view(out.get(), c.out, {n, hq, d}, {o_row, d, 1});
+  a.lse = device_view(lse.get(), DType::kF32, {n, hq}, {l_row, 1});
+  a.max_logits = device_view(ml.get(), DType::kF32, {hq}, {1});
+  ASSERT_NO_THROW(attn_forward(mask, a, c.opts));
+  sync("packed qkv");
+  const std::vector<double> out_all = decode(c.out, out.download()),
+                            lse_all = decode(DType::kF32, lse.download());
+  FwdResult got;
+  got.max_logits = decode(DType::kF32, ml.download());
+  std::int64_t gaps_written = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    for (std::int64_t e = 0; e < o_row; ++e) {
+      const double x = out_all[std::size_t(i * o_row + e)];
+      if (e < hq * d)
+        got.out.push_back(x);
+      else
+        gaps_written += !std::isnan(x);
+    }
+    for (std::int64_t h = 0; h < l_row; ++h) {
+      const double x = lse_all[std::size_t(i * l_row + h)];
+      if (h < hq)
+        got.lse.push_back(x);
+      else
+        gaps_written += !std::isnan(x);
+    }
+  }
+  EXPECT_EQ(gaps_written, 0) << "the kernel wrote into the padding between out or lse rows";
+  compare(mask, p, c, got, what);
+}
+
+TEST(Sm90Forward, StridedViewsIntoPackedQkv) {
+  REQUIRE_GPU();
+  std::mt19937_64 rng(23);
+  const Mask docs = testing::packed_documents(rng, 700);
+  for (DType in : {DType::kBF16, DType::kF16}) {
+    Case c;
+    c.in = c.out = in;
+    c.hq = c.hkv = 4;
+    check_packed_qkv(docs, c, "packed [N, 3, H, D]");
+    c.hq = 8;
+    c.hkv = 2;
+    c.out = DType::kF32;
+    check_packed_qkv(testing::random_mask(rng, 500, 500, 8), c, "packed GQA [N, 8 + 2 + 2, D]");
+  }
+}
+
+TEST(Sm90Forward, HeadMajorInputs) {
+  REQUIRE_GPU();
+  // q, k, v stored [H][N][D] (strides (D, N D, 1)): the head stride is the large one.
+  const Mask mask = masks::causal(400, 500);
+  Case c;
+  if (!built(c.in, c.d)) return;
+  const Problem p = make_problem(mask, c, 31);
+  auto head_major = [&](const std::vector<double>& xs, std::int64_t n, std::int64_t h) {
+    std::vector<double> img(xs.size());
+    for (std::int64_t i = 0; i < n; ++i)
+      for (std::int64_t j = 0; j < h; ++j)
+        for (std::int64_t e = 0; e < c.d; ++e)
+          img[std::size_t((j * n + i) * c.d + e)] = xs[std::size_t((i * h + j) * c.d + e)];
+    return img;
+  };
+  GpuCall call(p, c);  // reuse its out/lse/max_logits; q/k/v replaced below
+  DeviceMem q(p.q.size() * 2), k(p.k.size() * 2), v(p.v.size() * 2);
+  q.upload(encode(c.in, head_major(p.q, p.num_q, c.hq)));
+  k.upload(encode(c.in, head_major(p.k, p.num_k, c.hkv)));
+  v.upload(encode(c.in, head_major(p.v, p.num_k, c.hkv)));
+  FwdArgs a = call.args();
+  a.q = device_view(q.get(), c.in, {p.num_q, c.hq, c.d}, {c.d, p.num_q * c.d, 1});
+  a.k = device_view(k.get(), c.in, {p.num_k, c.hkv, c.d}, {c.d, p.num_k * c.d, 1});
+  a.v = device_view(v.get(), c.in, {p.num_k, c.hkv, c.d}, {c.d, p.num_k * c.d, 1});
+  ASSERT_NO_THROW(attn_forward(mask, a, c.opts));
+  compare(mask, p, c, call.result(), describe(c, mask) + " [head-major q/k/v]");
+}
+
+TEST(Sm90Forward, BitwiseDeterministic) {
+  REQUIRE_GPU();
+  std::mt19937_64 rng(31);
+  const Mask mask = testing::random_mask(rng, 1000, 900, 16);
+  Case c;
+  c.hq = 8;
+  c.sink_len = 2;
+  c.out = DType::kF32;
+  if (!built(c.in, c.d)) return;
+  const Problem p = make_problem(mask, c, 32);
+  for (bool deterministic : {false, true}) {
+    AttnOptions opts = c.opts;
+    opts.deterministic = deterministic;
+    GpuCall x(p, c), y(p, c);
+    ASSERT_NO_THROW(attn_forward(mask, x.args(), opts));
+    ASSERT_NO_THROW(attn_forward(mask, y.args(), opts));
+    sync("determinism");
+    EXPECT_TRUE(x.out.mem.download() == y.out.mem.download())
+        << "out differs between two runs (deterministic " << deterministic << ")";
+    EXPECT_TRUE(x.lse.mem.download() == y.lse.mem.download())
+        << "lse differs between two runs (deterministic " << deterministic << ")";
+    EXPECT_TRUE(x.max_logits.mem.download() == y.max_logits.mem.download())
+        << "max_logits differs between two runs (deterministic " << deterministic << ")";
+    compare(mask, p, c, x.result(), describe(c, mask) + " [determinism]");
+  }
+}
+
+TEST(Sm90Forward, OnePersistentCtaOnAUserStream) {
+  REQUIRE_GPU();
+  // sm_margin larger than the SM count leaves one CTA, which must loop over every
+  // (tile, head) item; the launch goes to a user stream.
+  cudaStream_t stream = nullptr;
+  cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  std::mt19937_64 rng(51);
+  const Mask mask = testing::packed_documents(rng, 900);
+  Case c;
+  c.sink_len = 1;
+  c.opts.sm_margin = 1 << 20;
+  c.opts.cuda_stream = reinterpret_cast<std::uintptr_t>(stream);
+  if (built(c.in, c.d)) {
+    const Problem p = make_problem(mask, c, 52);
+    GpuCall call(p, c);
+    ASSERT_NO_THROW(attn_forward(mask, call.args(), c.opts));
+    cuda_ok(cudaStreamSynchronize(stream), "stream synchronize");
+    compare(mask, p, c, call.result(), describe(c, mask) + " [one CTA, user stream]");
+  }
+  cudaStreamDestroy(stream);
+}
+
+TEST(Sm90Forward, NanAndInfInUnseenRowsDoNotLeak) {
+  REQUIRE_GPU();
+  // Keys 60-69 and 290-299 are seen by no query, yet 60-69 share the first key block with
+  // the visible keys 0-59 (and 70+), and 290-299 share the last block with 200-289. Query
+  // rows 290-299 see nothing. NaN and inf planted there must not reach any output.
+  const Mask mask(
+      300, 300,
+      {Slice{{0, 150}, {0, 60}, MaskType::kFull}, Slice{{150, 290}, {70, 290}, MaskType::kCausal}});
+  int ran = 0;
+  for (std::int64_t d : {128, 256, 64})
+    for (DType in : {DType::kBF16, DType::kF16}) {
+      Case c;
+      c.in = c.out = in;
+      c.d = d;
+      if (!built(in, d)) continue;
+      ++ran;
+      Problem p = make_problem(mask, c, 61);
+      const double nan = std::nan("");
+      auto plant = [&](std::vector<double>& xs, std::int64_t row, std::int64_t heads, double x) {
+        for (std::int64_t e = 0; e < heads * d; ++e) xs[std::size_t(row * heads * d + e)] = x;
+      };
+      for (std::int64_t j : {60, 63, 64, 69, 290, 299}) plant(p.v, j, c.hkv, nan);
+      for (std::int64_t j : {61, 65, 291}) plant(p.v, j, c.hkv, kInf);
+      for (std::int64_t j : {62, 66, 292}) plant(p.k, j, c.hkv, nan);
+      for (std::int64_t j : {67, 293}) plant(p.k, j, c.hkv, -kInf);
+      for (std::int64_t i : {290, 295}) plant(p.q, i, c.hq, nan);
+      plant(p.q, 297, c.hq, kInf);
+      const std::string what = describe(c, mask) + " [NaN/inf in unseen rows]";
+      SCOPED_TRACE(what);
+      FwdResult got;
+      ASSERT_NO_THROW(got = run_gpu(mask, p, c));
+      std::int64_t bad = 0;
+      for (double x : got.out) bad += !std::isfinite(x);
+      for (double x : got.lse) bad += std::isnan(x) || x == kInf;
+      for (double x : got.max_logits) bad += !std::isfinite(x);
+      EXPECT_EQ(bad, 0) << "non-finite outputs leaked from unseen rows";
+      compare(mask, p, c, got, what);
+    }
+  EXPECT_GT(ran, 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Validation: the public entry point rejects what the GPU kernel cannot run, naming the culprit
+
+void expect_error(const std::function<void()>& f, const std::string& want) {
+  const std::string got = testing::error_of(f);
+  EXPECT_NE(got.find(want), std::string::npos)
+      << "wanted an error with \"" << want << "\", got: " << got;
+}
+
+TEST(Sm90Forward, ValidationErrorsNameTheCulprit) {
+  REQUIRE_GPU();
+  const std::int64_t n = 64, h = 2, d = 128;
+  const Mask mask = masks::causal(n, n);
+  DevTensor q(DType::kBF16, {n, h, d}), k(DType::kBF16, {n, h, d}), v(DType::kBF16, {n, h, d}),
+      out(DType::kBF16, {n, h, d}), lse(DType::kF32, {n, h}), out32(DType::kF32, {n, h, d});
+  for (DevTensor* t : {&q, &k, &v}) t->upload(std::vector<double>(std::size_t(n * h * d), 0.5));
+  const FwdArgs good{q.view, k.view, v.view, out.view, lse.view, std::nullopt, std::nullopt};
+  ASSERT_NO_THROW(attn_forward(mask, good));
+  sync("valid call");
+
+  {  // fp32 inputs on the GPU
+    DevTensor q32(DType::kF32, {n, h, d}), k32(DType::kF32, {n, h, d}), v32(DType::kF32, {n, h, d});
+    const FwdArgs a{q32.view, k32.view, v32.view, out32.view, lse.view, std::nullopt, std::nullopt};
+    expect_error([&] { attn_forward(mask, a); }, "q: dtype fp32 is not bf16 or fp16");
+  }
+  {  // head dim 96
+    DevTensor q96(DType::kBF16, {n, h, 96}), k96(DType::kBF16, {n, h, 96}),
+        v96(DType::kBF16, {n, h, 96}), o96(DType::kBF16, {n, h, 96});
+    const FwdArgs a{q96.view, k96.view, v96.view, o96.view, lse.view, std::nullopt, std::nullopt};
+    expect_error([&] { attn_forward(mask, a); }, "q: head dim 96 is not one of");
+  }
+  {  // misaligned data pointer (one element in) and a row stride that is not a multiple of 8
+    DeviceMem raw(std::size_t(n * h * d + 16) * 2);
+    FwdArgs a = good;
+    a.q.data = static_cast<unsigned char*>(raw.get()) + 2;
+    expect_error([&] { attn_forward(mask, a); }, "q: the GPU kernel needs 16-byte aligned");
+    a = good;
+    a.v.data = static_cast<unsigned char*>(raw.get()) + 8;
+    expect_error([&] { attn_forward(mask, a); }, "v: the GPU kernel needs 16-byte aligned");
+    DeviceMem wide(std::size_t(n * (h * d + 4)) * 2);
+    a = good;
+    a.k = a.v = device_view(wide.get(), DType::kBF16, {n, h, d}, {h * d + 4, d, 1});
+    expect_error([&] { attn_forward(mask, a); }, "k: the GPU kernel needs 16-byte aligned");
+  }
+  {  // tensors on the wrong device
+    std::vector<std::uint16_t> host_out(std::size_t(n * h * d)), host_k(std::size_t(n * h * d));
+    std::vector<float> host_lse(std::size_t(n * h));
+    FwdArgs a = good;
+    a.out = make_view(host_out.data(), DType::kBF16, {n, h, d}, Device::kCPU);
+    expect_error([&] { attn_forward(mask, a); }, "out: on cpu but q is on cuda:");
+    a = good;
+    a.lse = make_view(host_lse.data(), DType::kF32, {n, h}, Device::kCPU);
+    expect_error([&] { attn_forward(mask, a); }, "lse: on cpu but q is on cuda:");
+    a = good;
+    a.k = make_view(host_k.data(), DType::kBF16, {n, h, d}, Device::kCPU);
+    expect_error([&] { attn_forward(mask, a); }, "k: on cpu but q is on cuda:");
+  }
+  {  // out dtypes the kernel cannot store, and accumulate into a 16-bit out
+    DevTensor o64(DType::kF64, {n, h, d});
+    FwdArgs a = good;
+    a.out = o64.view;
+    expect_error([&] { attn_forward(mask, a); }, "out: dtype fp64");
+    AttnOptions opts;
+    opts.accumulate = true;
+    expect_error([&] { attn_forward(mask, good, opts); }, "out: dtype bf16 is not fp32");
+  }
+  {  // an fp64 sink
+    DevTensor sink(DType::kF64, {1, h});
+    FwdArgs a = good;
+    a.sink = sink.view;
+    expect_error([&] { attn_forward(mask, a); }, "sink: ");
+  }
+  sync("after the rejected calls");
+}
+
+}  // namespace
+}  // namespace magi
