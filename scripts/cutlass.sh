@@ -8,7 +8,8 @@ if command -v nvcc >/dev/null 2>&1 && [ -z "${MAGI_CUTLASS_DIR:-}" ]; then
   if [ ! -f "$dest/include/cute/tensor.hpp" ]; then
     wheel=${MAGI_CUTLASS_WHEEL:-}
     if [ -z "$wheel" ]; then
-      python3 -m pip download -q --no-deps "nvidia-cutlass==$MAGI_CUTLASS_VERSION" -d build/_deps
+      python3 -m pip download -q --no-deps "nvidia-cutlass==$MAGI_CUTLASS_VERSION" -d build/_deps ||
+        { echo "[setup] could not download nvidia-cutlass (set MAGI_CUTLASS_WHEEL)" >&2; return 1; }
       wheel=$(ls build/_deps/nvidia_cutlass-$MAGI_CUTLASS_VERSION-*.whl | head -1)
     fi
     python3 - "$wheel" "$dest/include" <<'PY'
@@ -22,6 +23,7 @@ with zipfile.ZipFile(wheel) as z:
             out.parent.mkdir(parents=True, exist_ok=True)
             out.write_bytes(z.read(name))
 PY
+    [ -f "$dest/include/cute/tensor.hpp" ] || { echo "[setup] no CUTLASS headers in $wheel" >&2; return 1; }
     echo "[setup] CUTLASS $MAGI_CUTLASS_VERSION headers in $dest/include"
   fi
   export MAGI_CUTLASS_DIR=$PWD/$dest/include

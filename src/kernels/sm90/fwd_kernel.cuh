@@ -118,7 +118,10 @@ __device__ inline void store(void* out, std::int64_t idx, OutType t, float x) {
 }
 
 // Rows [row0, row0 + kRows) of one head into shared memory, 16 bytes per cp.async; rows
-// outside [lo, hi) are zero-filled instead. dst(r, c) is the smem address of row r, column c.
+// outside [lo, hi) are zero-filled by the copy itself (source size 0, reading row lo, which
+// is valid). dst(r, c) is the smem address of row r, column c. The row index is made opaque
+// so that the compiler recomputes the (swizzled) addresses per block instead of keeping
+// dozens of them live across the loop (they spilled to local memory).
 template <int kRows, int kD, class T, class Dst>
 __device__ void load_rows(const T* base, std::int64_t row_stride, int row0, int lo, int hi,
                           Dst dst, int tid) {
@@ -127,17 +130,15 @@ __device__ void load_rows(const T* base, std::int64_t row_stride, int row0, int 
   static_assert((kRows * kChunks) % kThreads == 0);
 #pragma unroll
   for (int it = 0; it < kRows * kChunks / kThreads; ++it) {
-    const int i = tid + it * kThreads;
+    int i = tid + it * kThreads;
+    asm volatile("" : "+r"(i));
     const int r = i / kChunks, c = (i % kChunks) * 8;
     const int g = row0 + r;
-    T* d = dst(r, c);
-    if (g >= lo && g < hi) {
-      cute::SM80_CP_ASYNC_CACHEGLOBAL<cute::uint128_t>::copy(
-          *reinterpret_cast<const cute::uint128_t*>(base + std::int64_t(g) * row_stride + c),
-          *reinterpret_cast<cute::uint128_t*>(d));
-    } else {
-      *reinterpret_cast<uint4*>(d) = make_uint4(0, 0, 0, 0);
-    }
+    const bool inside = g >= lo && g < hi;
+    const T* src = base + std::int64_t(inside ? g : lo) * row_stride + c;
+    const unsigned d = unsigned(__cvta_generic_to_shared(dst(r, c)));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
+                 "r"(inside ? 16 : 0));
   }
 }
 
@@ -194,10 +195,8 @@ __global__ void __launch_bounds__(256, 1) ffa_fwd_kernel(const __grid_constant__
   typename C::MmaPV mma_pv;
   auto thr_qk = mma_qk.get_thread_slice(tid);
   auto thr_pv = mma_pv.get_thread_slice(tid);
-  Tensor tSrQ = thr_qk.partition_fragment_A(sQ);
-  Tensor tSrK = thr_qk.partition_fragment_B(sK);
-  Tensor tOrP = thr_pv.partition_fragment_A(sP);
-  Tensor tOrV = thr_pv.partition_fragment_B(sVt);
+  // The wgmma descriptor fragments are made where they are used (below), so that they are
+  // recomputed from the smem base instead of holding ~100 registers across the loop.
   Tensor tSsP = thr_qk.partition_C(sP);
   Tensor tSrS = partition_fragment_C(mma_qk, Shape<typename C::BM, typename C::BN>{});
   Tensor tOrO = partition_fragment_C(mma_pv, Shape<typename C::BM, typename C::HD>{});
@@ -214,7 +213,11 @@ __global__ void __launch_bounds__(256, 1) ffa_fwd_kernel(const __grid_constant__
   const T* k_all = static_cast<const T*>(p.k);
   const T* v_all = static_cast<const T*>(p.v);
   const int group = p.heads_q / p.heads_kv;
-  const float scale_log2 = p.scale * kLog2e;
+  const bool capped = p.softcap > 0.f;
+  // Units of S and m: raw q.k (no softcap, positive scale: the max commutes with the scale) or
+  // log2 units, rewritten per element (softcap, or a negative scale); su maps to log2 units.
+  const bool rewrite = capped || p.scale < 0.f;
+  const float su = rewrite ? 1.f : p.scale * kLog2e;
   const std::int64_t num_items = std::int64_t(p.num_tiles) * p.heads_q;
 
   while (true) {
@@ -264,52 +267,74 @@ __global__ void __launch_bounds__(256, 1) ffa_fwd_kernel(const __grid_constant__
       cutlass::arch::fence_view_async_shared();
       __syncthreads();
 
-      detail::wg_gemm(mma_qk, tSrQ, tSrK(_, _, _, stage), tSrS, true);
+      detail::wg_gemm(mma_qk, thr_qk.partition_fragment_A(sQ),
+                      thr_qk.partition_fragment_B(sK(_, _, stage)), tSrS, true);
 
-      // Scale (and cap), mask, and fold this block into the running max and sum.
+      // Mask (only blocks a piece's corners do not cover), cap, and fold the block into the
+      // running max and sum. S stays in raw dot-product units unless softcap rewrites it in
+      // log2 units; m is kept in the same units and `su` turns either into log2 units.
       const Piece pc = p.pieces[it.piece];
       const int kb = it.kb;
       const bool full = q0 >= pc.q0 && q0 + kBM <= pc.q1 && kb >= pc.k0 && kb + kBN <= pc.k1 &&
                         kb - (q0 + kBM - 1) >= pc.lo && kb + kBN - 1 - q0 <= pc.hi;
+      if (!full) {
+        CUTE_UNROLL
+        for (int i = 0; i < kRows; ++i) {
+          const int q = q0 + get<0>(cS(i, 0));
+          const bool row_in = q >= pc.q0 && q < pc.q1;
+          CUTE_UNROLL
+          for (int jj = 0; jj < size<1>(S); ++jj) {
+            const int k = kb + get<1>(cS(i, jj));
+            const bool visible = row_in && k >= pc.k0 && k < pc.k1 && k - q >= pc.lo &&
+                                 k - q <= pc.hi;
+            if (!visible) S(i, jj) = -INFINITY;
+          }
+        }
+      }
+      if (rewrite) {
+        CUTE_UNROLL
+        for (int i = 0; i < kRows; ++i) {
+          CUTE_UNROLL
+          for (int jj = 0; jj < size<1>(S); ++jj) {
+            if (S(i, jj) == -INFINITY) continue;  // masked
+            const float raw = S(i, jj) * p.scale;
+            mraw[i] = fmaxf(mraw[i], raw);
+            S(i, jj) = (capped ? p.softcap * tanhf(raw / p.softcap) : raw) * kLog2e;
+          }
+        }
+      }
       CUTE_UNROLL
       for (int i = 0; i < kRows; ++i) {
-        const int q = q0 + get<0>(cS(i, 0));
         float mx = -INFINITY;
         CUTE_UNROLL
-        for (int jj = 0; jj < size<1>(S); ++jj) {
-          const int k = kb + get<1>(cS(i, jj));
-          const bool visible = full || (q >= pc.q0 && q < pc.q1 && k >= pc.k0 && k < pc.k1 &&
-                                        k - q >= pc.lo && k - q <= pc.hi);
-          const float raw = S(i, jj) * p.scale;
-          if (p.max_logits != nullptr && visible) mraw[i] = fmaxf(mraw[i], raw);
-          float x = p.softcap > 0.f ? p.softcap * tanhf(raw / p.softcap) * kLog2e
-                                    : S(i, jj) * scale_log2;
-          x = visible ? x : -INFINITY;
-          S(i, jj) = x;
-          mx = fmaxf(mx, x);
-        }
+        for (int jj = 0; jj < size<1>(S); ++jj) mx = fmaxf(mx, S(i, jj));
         mx = detail::quad_max(mx);
         const float m_new = fmaxf(m[i], mx);
-        const float m_use = m_new == -INFINITY ? 0.f : m_new;
-        const float corr = exp2f(m[i] - m_use);
+        const float m_use = m_new == -INFINITY ? 0.f : m_new * su;  // log2 units
+        const float corr = exp2f(m[i] * su - m_use);               // 0 when m[i] is -inf
         m[i] = m_new;
         l[i] *= corr;
         CUTE_UNROLL
         for (int jj = 0; jj < size<1>(O); ++jj) O(i, jj) *= corr;
         CUTE_UNROLL
         for (int jj = 0; jj < size<1>(S); ++jj) {
-          const float pv = exp2f(S(i, jj) - m_use);
+          const float pv = exp2f(fmaf(S(i, jj), su, -m_use));
           S(i, jj) = pv;
           l[i] += pv;
         }
       }
-      Tensor rP = make_tensor_like<T>(tSrS);
+      // P to shared memory as T, two columns (one 32-bit store) at a time: value mode 0 of
+      // the accumulator is a column pair, adjacent in the K-major layout.
       CUTE_UNROLL
-      for (int e = 0; e < size(tSrS); ++e) rP(e) = T(tSrS(e));
-      cute::copy(rP, tSsP);
+      for (int e = 0; e < size(tSrS); e += 2) {
+        const T lo = T(tSrS(e)), hi = T(tSrS(e + 1));
+        *reinterpret_cast<std::uint32_t*>(&tSsP(e)) =
+            std::uint32_t(lo.raw()) | (std::uint32_t(hi.raw()) << 16);
+      }
       cutlass::arch::fence_view_async_shared();
       __syncthreads();
-      detail::wg_gemm(mma_pv, tOrP, tOrV(_, _, _, stage), tOrO, false);
+      detail::wg_gemm(mma_pv, thr_pv.partition_fragment_A(sP),
+                      thr_pv.partition_fragment_B(sVt(_, _, stage)), tOrO, false);
       it = next;
     }
 
@@ -318,7 +343,7 @@ __global__ void __launch_bounds__(256, 1) ffa_fwd_kernel(const __grid_constant__
     for (int i = 0; i < kRows; ++i) {
       const int row = q0 + get<0>(cO(i, 0));
       const float l_tot = detail::quad_sum(l[i]);
-      float lse = l_tot > 0.f ? (m[i] + log2f(l_tot)) * kLn2 : -INFINITY;
+      float lse = l_tot > 0.f ? (m[i] * su + log2f(l_tot)) * kLn2 : -INFINITY;
       float w = l_tot > 0.f ? 1.f / l_tot : 0.f;  // out = w * O
       if (p.sink != nullptr && row < p.num_q) {
         float ls = -INFINITY;
@@ -355,7 +380,8 @@ __global__ void __launch_bounds__(256, 1) ffa_fwd_kernel(const __grid_constant__
     if (p.max_logits != nullptr) {
       float mr = -INFINITY;
       CUTE_UNROLL
-      for (int i = 0; i < kRows; ++i) mr = fmaxf(mr, mraw[i]);
+      for (int i = 0; i < kRows; ++i)  // without a cap, m is the raw max itself
+        mr = fmaxf(mr, rewrite ? mraw[i] : (m[i] == -INFINITY ? -INFINITY : m[i] * p.scale));
       for (int off = 16; off > 0; off >>= 1) mr = fmaxf(mr, __shfl_xor_sync(0xffffffff, mr, off));
       if ((tid & 31) == 0 && mr != -INFINITY) detail::atomic_max(p.max_logits + h, mr);
     }
