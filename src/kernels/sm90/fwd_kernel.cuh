@@ -42,12 +42,13 @@ struct FwdConfig {
   using LayoutK = decltype(cute::tile_to_shape(AtomK{}, cute::Shape<BN, HD, cute::Int<kStages>>{}));
   using LayoutVt =
       decltype(cute::tile_to_shape(AtomMN{}, cute::Shape<HD, BN, cute::Int<kStages>>{}));
-  using LayoutP = decltype(cute::tile_to_shape(AtomK{}, cute::Shape<BM, BN>{}));
   using WarpGroups = cute::Layout<cute::Shape<cute::_2, cute::_1, cute::_1>>;
   using MmaQK = decltype(cute::make_tiled_mma(
       cute::GMMA::ss_op_selector<T, T, float, cute::Shape<BM, BN, HD>>(), WarpGroups{}));
+  // P stays in registers (RS wgmma): the S accumulator of 16 columns is exactly the A
+  // fragment of one k-step (column pair, row + 8, column + 8), so no shared-memory round trip.
   using MmaPV = decltype(cute::make_tiled_mma(
-      cute::GMMA::ss_op_selector<T, T, float, cute::Shape<BM, HD, BN>, cute::GMMA::Major::K,
+      cute::GMMA::rs_op_selector<T, T, float, cute::Shape<BM, HD, BN>, cute::GMMA::Major::K,
                                  cute::GMMA::Major::MN>(),
       WarpGroups{}));
 
@@ -55,7 +56,6 @@ struct FwdConfig {
     alignas(1024) T q[cute::cosize_v<LayoutQ>];
     alignas(1024) T k[cute::cosize_v<LayoutK>];
     alignas(1024) T vt[cute::cosize_v<LayoutVt>];
-    alignas(1024) T p[cute::cosize_v<LayoutP>];
     int next_item;
   };
   // Slack to align the dynamic shared memory to the 1024-byte swizzle period.
@@ -143,10 +143,12 @@ __device__ void load_rows(const T* base, std::int64_t row_stride, int row0, int 
 }
 
 // Both warpgroups issue their wgmma for C (+)= A B over the K mode, then wait for them.
-template <class Mma, class A, class B, class C>
-__device__ void wg_gemm(Mma& mma, const A& a, const B& b, C& c, bool zero_init) {
+// kRegA: A is a register fragment (RS), fenced like the accumulator.
+template <bool kRegA = false, class Mma, class A, class B, class C>
+__device__ void wg_gemm(Mma& mma, A& a, const B& b, C& c, bool zero_init) {
   using namespace cute;
   warpgroup_fence_operand(c);
+  if constexpr (kRegA) warpgroup_fence_operand(a);
   warpgroup_arrive();
   mma.accumulate_ = zero_init ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
   CUTE_UNROLL
@@ -157,6 +159,7 @@ __device__ void wg_gemm(Mma& mma, const A& a, const B& b, C& c, bool zero_init) 
   warpgroup_commit_batch();
   warpgroup_wait<0>();
   warpgroup_fence_operand(c);
+  if constexpr (kRegA) warpgroup_fence_operand(a);
 }
 
 // The (piece, key block) sequence of one tile.
@@ -188,7 +191,6 @@ __global__ void __launch_bounds__(256, 1) ffa_fwd_kernel(const __grid_constant__
   Tensor sQ = make_tensor(make_smem_ptr(s.q), typename C::LayoutQ{});
   Tensor sK = make_tensor(make_smem_ptr(s.k), typename C::LayoutK{});
   Tensor sVt = make_tensor(make_smem_ptr(s.vt), typename C::LayoutVt{});
-  Tensor sP = make_tensor(make_smem_ptr(s.p), typename C::LayoutP{});
 
   const int tid = int(threadIdx.x);
   typename C::MmaQK mma_qk;
@@ -197,9 +199,12 @@ __global__ void __launch_bounds__(256, 1) ffa_fwd_kernel(const __grid_constant__
   auto thr_pv = mma_pv.get_thread_slice(tid);
   // The wgmma descriptor fragments are made where they are used (below), so that they are
   // recomputed from the smem base instead of holding ~100 registers across the loop.
-  Tensor tSsP = thr_qk.partition_C(sP);
+  // P as the A operand: per k-step of 16 keys, (column pair, row + 8, column + 8), which is
+  // the S accumulator's own order, so element i of tOrP is element i of tSrS.
+  Tensor tOrP = make_tensor<T>(Layout<Shape<Shape<_2, _2, _2>, _1, Int<kBN / 16>>>{});
   Tensor tSrS = partition_fragment_C(mma_qk, Shape<typename C::BM, typename C::BN>{});
   Tensor tOrO = partition_fragment_C(mma_pv, Shape<typename C::BM, typename C::HD>{});
+  static_assert(decltype(size(tOrP))::value == decltype(size(tSrS))::value);
   Tensor cS = detail::as_rowcol(
       thr_qk.partition_C(make_identity_tensor(Shape<typename C::BM, typename C::BN>{})));
   Tensor cO = detail::as_rowcol(
@@ -267,8 +272,10 @@ __global__ void __launch_bounds__(256, 1) ffa_fwd_kernel(const __grid_constant__
       cutlass::arch::fence_view_async_shared();
       __syncthreads();
 
-      detail::wg_gemm(mma_qk, thr_qk.partition_fragment_A(sQ),
-                      thr_qk.partition_fragment_B(sK(_, _, stage)), tSrS, true);
+      {
+        Tensor tSrQ = thr_qk.partition_fragment_A(sQ);
+        detail::wg_gemm(mma_qk, tSrQ, thr_qk.partition_fragment_B(sK(_, _, stage)), tSrS, true);
+      }
 
       // Mask (only blocks a piece's corners do not cover), cap, and fold the block into the
       // running max and sum. S stays in raw dot-product units unless softcap rewrites it in
@@ -323,18 +330,10 @@ __global__ void __launch_bounds__(256, 1) ffa_fwd_kernel(const __grid_constant__
           l[i] += pv;
         }
       }
-      // P to shared memory as T, two columns (one 32-bit store) at a time: value mode 0 of
-      // the accumulator is a column pair, adjacent in the K-major layout.
       CUTE_UNROLL
-      for (int e = 0; e < size(tSrS); e += 2) {
-        const T lo = T(tSrS(e)), hi = T(tSrS(e + 1));
-        *reinterpret_cast<std::uint32_t*>(&tSsP(e)) =
-            std::uint32_t(lo.raw()) | (std::uint32_t(hi.raw()) << 16);
-      }
-      cutlass::arch::fence_view_async_shared();
-      __syncthreads();
-      detail::wg_gemm(mma_pv, thr_pv.partition_fragment_A(sP),
-                      thr_pv.partition_fragment_B(sVt(_, _, stage)), tOrO, false);
+      for (int e = 0; e < size(tSrS); ++e) tOrP(e) = T(tSrS(e));
+      detail::wg_gemm<true>(mma_pv, tOrP, thr_pv.partition_fragment_B(sVt(_, _, stage)), tOrO,
+                            false);
       it = next;
     }
 
