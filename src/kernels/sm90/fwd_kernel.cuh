@@ -3,16 +3,17 @@
 // every key block of every piece the tile sees.
 //
 // Per CTA: 2 warpgroups (256 threads), a 128-row query tile (64 rows per warpgroup), key
-// blocks of 128 (D <= 128) or 64 rows. S = Q K^T and O += P V are wgmma with both operands in
-// shared memory (P is written there as T); K and V blocks are double buffered with cp.async,
-// so the next block loads while this one computes. Element masking runs only on blocks that
-// a piece's corners say need it; rows outside the piece, keys outside [k0, k1) and cells off
-// the band are -inf. K/V rows outside the piece are zero-filled, never read: a NaN or inf in
-// an unseen V row cannot leak into a visible output (0 * inf).
+// blocks of 128 (D <= 128) or 64 rows. S = Q K^T is wgmma with both operands in shared
+// memory; O += P V is wgmma with P in registers (the S accumulator's layout is the A
+// fragment's). K and V blocks are double buffered with cp.async, so the next block loads while
+// this one computes. Element masking runs only on blocks that a piece's corners say need it;
+// rows outside the piece, keys outside [k0, k1) and cells off the band are -inf. K/V rows
+// outside the piece are zero-filled by the copy, never read: a NaN or inf in an unseen V row
+// cannot leak into a visible output (0 * inf).
 //
-// Key decision, v1: no producer warp, no TMA, no ping-pong between warpgroups; the structure
-// is FlashAttention-2's on wgmma. Those are the next steps (docs/benchmarks.md says where the
-// time goes).
+// Key decision, v1: no producer warp, no TMA, no ping-pong between warpgroups, no overlap of
+// one block's softmax with the next block's QK^T; the structure is FlashAttention-2's on
+// wgmma. Those are the next steps (docs/benchmarks.md has the measurements).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -27,11 +28,12 @@
 
 namespace magi::kernels::sm90 {
 
-template <class T, int kD>
+template <class T, int kD, int kWG>
 struct FwdConfig {
-  static constexpr int kBlockM = 128;
-  static constexpr int kBlockN = kD <= 128 ? 128 : 64;
-  static constexpr int kThreads = 256;
+  static constexpr int kBlockM = fwd_block_m(kWG);
+  static constexpr int kBlockN = fwd_block_n(kD, kWG);
+  static constexpr int kThreads = 128 * kWG;
+  static constexpr int kMinBlocks = kWG == 1 ? 2 : 1;
   static constexpr int kStages = 2;
   using BM = cute::Int<kBlockM>;
   using BN = cute::Int<kBlockN>;
@@ -42,7 +44,7 @@ struct FwdConfig {
   using LayoutK = decltype(cute::tile_to_shape(AtomK{}, cute::Shape<BN, HD, cute::Int<kStages>>{}));
   using LayoutVt =
       decltype(cute::tile_to_shape(AtomMN{}, cute::Shape<HD, BN, cute::Int<kStages>>{}));
-  using WarpGroups = cute::Layout<cute::Shape<cute::_2, cute::_1, cute::_1>>;
+  using WarpGroups = cute::Layout<cute::Shape<cute::Int<kWG>, cute::_1, cute::_1>>;
   using MmaQK = decltype(cute::make_tiled_mma(
       cute::GMMA::ss_op_selector<T, T, float, cute::Shape<BM, BN, HD>>(), WarpGroups{}));
   // P stays in registers (RS wgmma): the S accumulator of 16 columns is exactly the A
@@ -122,11 +124,10 @@ __device__ inline void store(void* out, std::int64_t idx, OutType t, float x) {
 // is valid). dst(r, c) is the smem address of row r, column c. The row index is made opaque
 // so that the compiler recomputes the (swizzled) addresses per block instead of keeping
 // dozens of them live across the loop (they spilled to local memory).
-template <int kRows, int kD, class T, class Dst>
+template <int kRows, int kD, int kThreads, class T, class Dst>
 __device__ void load_rows(const T* base, std::int64_t row_stride, int row0, int lo, int hi,
                           Dst dst, int tid) {
   constexpr int kChunks = kD / 8;
-  constexpr int kThreads = 256;
   static_assert((kRows * kChunks) % kThreads == 0);
 #pragma unroll
   for (int it = 0; it < kRows * kChunks / kThreads; ++it) {
@@ -177,10 +178,13 @@ struct BlockIter {
 
 }  // namespace detail
 
-template <class T, int kD>
-__global__ void __launch_bounds__(256, 1) ffa_fwd_kernel(const __grid_constant__ FwdParams p) {
+template <class T, int kD, int kWG>
+__global__ void __launch_bounds__(FwdConfig<T, kD, kWG>::kThreads,
+                                  FwdConfig<T, kD, kWG>::kMinBlocks)
+    ffa_fwd_kernel(const __grid_constant__ FwdParams p) {
   using namespace cute;
-  using C = FwdConfig<T, kD>;
+  using C = FwdConfig<T, kD, kWG>;
+  constexpr int kThreads = C::kThreads;
   using detail::kLn2;
   using detail::kLog2e;
   constexpr int kBM = C::kBlockM, kBN = C::kBlockN;
@@ -230,6 +234,8 @@ __global__ void __launch_bounds__(256, 1) ffa_fwd_kernel(const __grid_constant__
     __syncthreads();
     const std::int64_t item = s.next_item;
     if (item >= num_items) break;
+    // Tile-major (each tile's heads together, tiles heavy first). Head-major order measured
+    // the same on the H200 (docs/benchmarks.md): K/V reuse in L2 is not the limit here.
     const Tile tile = p.tiles[item / p.heads_q];
     const int h = int(item % p.heads_q), hk = h / group;
     const int q0 = tile.q_start;
@@ -237,7 +243,7 @@ __global__ void __launch_bounds__(256, 1) ffa_fwd_kernel(const __grid_constant__
     const T* kh = k_all + hk * p.k_head;
     const T* vh = v_all + hk * p.v_head;
 
-    detail::load_rows<kBM, kD>(qh, p.q_row, q0, 0, p.num_q,
+    detail::load_rows<kBM, kD, kThreads>(qh, p.q_row, q0, 0, p.num_q,
                                [&](int r, int c) { return &sQ(r, c); }, tid);
     cute::cp_async_fence();
 
@@ -248,9 +254,9 @@ __global__ void __launch_bounds__(256, 1) ffa_fwd_kernel(const __grid_constant__
 
     auto load_kv = [&](const detail::BlockIter& it, int stage) {
       const Piece pc = p.pieces[it.piece];
-      detail::load_rows<kBN, kD>(kh, p.k_row, it.kb, pc.k0, pc.k1,
+      detail::load_rows<kBN, kD, kThreads>(kh, p.k_row, it.kb, pc.k0, pc.k1,
                                  [&](int r, int c) { return &sK(r, c, stage); }, tid);
-      detail::load_rows<kBN, kD>(vh, p.v_row, it.kb, pc.k0, pc.k1,
+      detail::load_rows<kBN, kD, kThreads>(vh, p.v_row, it.kb, pc.k0, pc.k1,
                                  [&](int r, int c) { return &sVt(c, r, stage); }, tid);
       cute::cp_async_fence();
     };
@@ -389,8 +395,10 @@ __global__ void __launch_bounds__(256, 1) ffa_fwd_kernel(const __grid_constant__
   }
 }
 
-// Launches the kernel on `grid` persistent CTAs (defined per instantiation, fwd_inst.cu.in).
-template <class T, int kD>
-cudaError_t launch_forward(const FwdParams& p, int grid, cudaStream_t stream);
+// Launches the kernel on as many persistent CTAs as fit (at most max_ctas; the SMs left after
+// sm_margin times the CTAs per SM); defined per instantiation, fwd_inst.cu.in.
+template <class T, int kD, int kWG>
+cudaError_t launch_forward(const FwdParams& p, int sms, std::int64_t max_ctas,
+                           cudaStream_t stream);
 
 }  // namespace magi::kernels::sm90

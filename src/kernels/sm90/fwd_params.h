@@ -10,6 +10,14 @@ namespace magi::kernels::sm90 {
 
 enum class OutType : std::int32_t { kBF16, kF16, kF32 };
 
+// CTA shapes, shared by the host (work list tiles) and the kernel. 2 warpgroups: a 128-row
+// tile, one CTA per SM (the one built). 1 warpgroup: a 64-row tile with 64-key blocks, 2 CTAs
+// per SM; measured slower at D 128 (262 vs 319 TFLOP/s) and equal at D 64, so not built.
+constexpr int fwd_block_m(int warp_groups) { return 64 * warp_groups; }
+constexpr int fwd_block_n(int head_dim, int warp_groups) {
+  return warp_groups == 1 || head_dim > 128 ? 64 : 128;
+}
+
 struct FwdParams {
   const void* q = nullptr;
   const void* k = nullptr;
