@@ -4,7 +4,8 @@
 # a few small cases of the test binary under its memcheck and racecheck tools.
 #
 #   MAGI_CUDA_KERNELS    all (default) | ci (bf16/D128 only: one CUDA translation unit)
-#   MAGI_CUTLASS_DIR     CUTLASS include dir; else CMake asks the nvidia-cutlass python package
+#   MAGI_CUTLASS_DIR     CUTLASS include dir; else scripts/cutlass.sh fetches the pinned wheel's
+#                        headers (MAGI_CUTLASS_WHEEL: a local wheel, for a machine without network)
 #   CMAKE_PREFIX_PATH    where nlohmann-json, CLI11 and GTest are found (that machine has no
 #                        network: the caller provides them)
 #   MAGI_GPU_BUILD_DIR   build directory (default build/gpu)
@@ -14,6 +15,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${MAGI_GPU_BUILD_DIR:-build/gpu}
+MAGI_CUDA_KERNELS=${MAGI_CUDA_KERNELS:-all}
+source scripts/cutlass.sh
 
 # All cores, but at most one job per 6 GB of RAM: a CuTe translation unit takes gigabytes.
 mem_gb=$(awk '/MemTotal/ {print int($2 / 1048576)}' /proc/meminfo)
