@@ -206,4 +206,23 @@ nb::ndarray<nb::numpy, bool> to_numpy_bool(std::vector<std::uint8_t> values,
   return nb::ndarray<nb::numpy, bool>(data, shape, owner);
 }
 
+FwdArgs fwd_args(TensorArgs& t, nb::handle q, nb::handle k, nb::handle v, nb::handle out,
+                 nb::handle lse, nb::handle sink, nb::handle max_logits) {
+  return FwdArgs{t.input(q, "q"),         t.input(k, "k"),
+                 t.input(v, "v"),         t.output(out, "out"),
+                 t.output(lse, "lse"),    t.optional_input(sink, "sink"),
+                 t.optional_output(max_logits, "max_logits")};
+}
+
+BwdArgs bwd_args(TensorArgs& t, nb::handle dout, nb::handle q, nb::handle k, nb::handle v,
+                 nb::handle out, nb::handle lse, nb::handle dq, nb::handle dk, nb::handle dv,
+                 nb::handle sink, nb::handle dsink) {
+  return BwdArgs{t.input(dout, "dout"),   t.input(q, "q"),
+                 t.input(k, "k"),         t.input(v, "v"),
+                 t.input(out, "out"),     t.input(lse, "lse"),
+                 t.output(dq, "dq"),      t.output(dk, "dk"),
+                 t.output(dv, "dv"),      t.optional_input(sink, "sink"),
+                 t.optional_output(dsink, "dsink")};
+}
+
 }  // namespace magi::py

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "magi/attention.h"
 #include "magi/tensor.h"
 
 namespace magi::py {
@@ -35,6 +36,14 @@ class TensorArgs {
   std::vector<InArray> inputs_;
   std::vector<OutArray> outputs_;
 };
+
+// FwdArgs / BwdArgs from the handles every attention binding takes (magiattn._C and
+// magiattn._dist), pinned by `t`; names in errors are the Python argument names.
+FwdArgs fwd_args(TensorArgs& t, nb::handle q, nb::handle k, nb::handle v, nb::handle out,
+                 nb::handle lse, nb::handle sink, nb::handle max_logits);
+BwdArgs bwd_args(TensorArgs& t, nb::handle dout, nb::handle q, nb::handle k, nb::handle v,
+                 nb::handle out, nb::handle lse, nb::handle dq, nb::handle dk, nb::handle dv,
+                 nb::handle sink, nb::handle dsink);
 
 // An integer (or bool) array copied out of any array-like, row-major. read_flags keeps only
 // "nonzero" in one byte per element: a dense [sq, sk] mask must not cost 8 bytes a cell.

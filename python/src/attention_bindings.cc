@@ -26,13 +26,7 @@ void forward(nb::handle q, nb::handle k, nb::handle v, const Mask& mask, nb::han
       attn_options(softmax_scale, softcap, sink_layout, accumulate, deterministic, num_threads);
   opts.cuda_stream = cuda_stream;
   TensorArgs t;  // pins the arrays until after the GIL is back
-  FwdArgs a{t.input(q, "q"),
-            t.input(k, "k"),
-            t.input(v, "v"),
-            t.output(out, "out"),
-            t.output(lse, "lse"),
-            t.optional_input(sink, "sink"),
-            t.optional_output(max_logits, "max_logits")};
+  const FwdArgs a = fwd_args(t, q, k, v, out, lse, sink, max_logits);
   nb::gil_scoped_release release;
   attn_forward(mask, a, opts);
 }
@@ -45,17 +39,7 @@ void backward(nb::handle dout, nb::handle q, nb::handle k, nb::handle v, nb::han
   const AttnOptions opts =
       attn_options(softmax_scale, softcap, sink_layout, accumulate, deterministic, num_threads);
   TensorArgs t;
-  BwdArgs a{t.input(dout, "dout"),
-            t.input(q, "q"),
-            t.input(k, "k"),
-            t.input(v, "v"),
-            t.input(out, "out"),
-            t.input(lse, "lse"),
-            t.output(dq, "dq"),
-            t.output(dk, "dk"),
-            t.output(dv, "dv"),
-            t.optional_input(sink, "sink"),
-            t.optional_output(dsink, "dsink")};
+  const BwdArgs a = bwd_args(t, dout, q, k, v, out, lse, dq, dk, dv, sink, dsink);
   nb::gil_scoped_release release;
   attn_backward(mask, a, opts);
 }

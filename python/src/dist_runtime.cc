@@ -75,17 +75,10 @@ void forward(const DistPlan& p, Comm& c, nb::handle q, nb::handle k, nb::handle 
              std::optional<double> softmax_scale, double softcap, int num_threads) {
   const AttnOptions opts = attn_options(softmax_scale, softcap, "sh", false, false, num_threads);
   TensorArgs t;
-  const FwdArgs a{t.input(q, "q"),
-                  t.input(k, "k"),
-                  t.input(v, "v"),
-                  t.output(out, "out"),
-                  t.output(lse, "lse"),
-                  t.optional_input(sink, "sink"),
-                  t.optional_output(max_logits, "max_logits")};
+  const FwdArgs a = fwd_args(t, q, k, v, out, lse, sink, max_logits);
   collective(c, "calc_attn", [&](comm::Communicator& mc) {
     check_local_rows(p, mc, {{&a.q, "q"}, {&a.k, "k"}, {&a.v, "v"}});
-    attn_forward(Mask(a.q.shape[0], a.k.shape[0], {}), a, opts);  // validation only
-    runtime::calc_attn_forward(p, mc, a, opts);
+    runtime::calc_attn_forward(p, mc, a, opts);  // validates before its first collective
   });
 }
 
@@ -95,21 +88,10 @@ void backward(const DistPlan& p, Comm& c, nb::handle dout, nb::handle q, nb::han
               double softcap, int num_threads) {
   const AttnOptions opts = attn_options(softmax_scale, softcap, "sh", false, false, num_threads);
   TensorArgs t;
-  const BwdArgs a{t.input(dout, "dout"),
-                  t.input(q, "q"),
-                  t.input(k, "k"),
-                  t.input(v, "v"),
-                  t.input(out, "out"),
-                  t.input(lse, "lse"),
-                  t.output(dq, "dq"),
-                  t.output(dk, "dk"),
-                  t.output(dv, "dv"),
-                  t.optional_input(sink, "sink"),
-                  t.optional_output(dsink, "dsink")};
+  const BwdArgs a = bwd_args(t, dout, q, k, v, out, lse, dq, dk, dv, sink, dsink);
   collective(c, "calc_attn backward", [&](comm::Communicator& mc) {
     check_local_rows(p, mc, {{&a.dout, "dout"}, {&a.q, "q"}, {&a.k, "k"}, {&a.v, "v"}});
-    attn_backward(Mask(a.q.shape[0], a.k.shape[0], {}), a, opts);  // validation only
-    runtime::calc_attn_backward(p, mc, a, opts);
+    runtime::calc_attn_backward(p, mc, a, opts);  // validates before its first collective
   });
 }
 
