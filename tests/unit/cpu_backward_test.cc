@@ -1,7 +1,7 @@
 // CPU backward vs the fp64 oracle, given the oracle's final out/lse so the backward is judged
-// on its own: edge cases, central differences of the backend's own forward (fp64), accumulate,
-// determinism and a seeded random sweep. Tolerances as in cpu_forward_test: 1e-12 fp64, 1e-5
-// fp32, plus one rounding of a narrow gradient store.
+// on its own: central differences of the backend's own forward (fp64), sinks, views, narrow
+// gradients, accumulate, determinism and a seeded random sweep; the shared edge cases are in
+// cpu_edge_cases_test.cc, the checks and tolerances in tests/support/cpu_checks.h.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,6 +11,7 @@
 #include <string>
 
 #include "attn_case.h"
+#include "cpu_checks.h"
 #include "seed.h"
 
 namespace magi {
@@ -19,126 +20,13 @@ namespace {
 using oracle::Problem;
 using testing::Config;
 using testing::Layout;
-
-std::string describe(const Config& c, const Problem& p) {
-  std::ostringstream os;
-  os << dtype_name(c.in) << " in, " << dtype_name(c.grad) << " grads, " << p.num_q << "x"
-     << p.num_k << " hq " << p.heads_q << " hkv " << p.heads_kv << " d " << p.head_dim
-     << " layout " << int(c.layout) << " softcap " << c.opts.softcap << " threads "
-     << c.opts.num_threads;
-  if (p.sink_len > 0)
-    os << " sink " << p.sink_len << (p.sink_layout == SinkLayout::kSH ? " sh" : " ssh");
-  return os.str();
-}
-
-void check_backward(const Mask& mask, const Problem& p, const Config& cfg,
-                    const std::string& note = "", bool with_dsink = true) {
-  const std::string what = describe(cfg, p) + "; " + note + "\n" + mask.to_string();
-  testing::BwdCall call(p, oracle::forward(mask, p), cfg, with_dsink);
-  ASSERT_NO_THROW(attn_backward(mask, call.args(), cfg.opts)) << what;
-  const auto want = oracle::backward(mask, p);
-  const auto got = call.result();
-  const double tol = testing::tolerance(cfg.compute(), cfg.grad);
-  const double scale = testing::grad_scale(want);
-  EXPECT_LE(testing::err_at_scale(got.dq, want.dq, scale), tol) << "dq: " << what;
-  EXPECT_LE(testing::err_at_scale(got.dk, want.dk, scale), tol) << "dk: " << what;
-  EXPECT_LE(testing::err_at_scale(got.dv, want.dv, scale), tol) << "dv: " << what;
-  if (call.dsink) {
-    EXPECT_LE(testing::err_at_scale(got.dsink, want.dsink, scale),
-              testing::tolerance(cfg.compute(), cfg.sink))
-        << "dsink: " << what;
-  }
-  EXPECT_TRUE(call.gaps_intact()) << "wrote outside the view: " << what;
-}
+using testing::check_backward;
+using testing::describe;
+using testing::one_slice;
 
 void check_both(const Mask& mask, std::int64_t hq, std::int64_t hkv, std::int64_t d,
                 Config cfg = {}, std::int64_t sink_len = 0, std::uint64_t seed = 1) {
-  for (DType in : {DType::kF64, DType::kF32}) {
-    std::mt19937_64 rng(seed);
-    Config c = testing::config_for(in);
-    c.layout = cfg.layout;
-    c.opts = cfg.opts;
-    check_backward(mask, testing::random_problem(rng, mask.total_seqlen_q(),
-                                                 mask.total_seqlen_k(), hq, hkv, d, c, sink_len),
-                   c);
-  }
-}
-
-Mask one_slice(std::int64_t nq, std::int64_t nk, Slice s) { return Mask(nq, nk, {s}); }
-
-TEST(CpuBackward, EmptyAndLengthOneRanges) {
-  const Mask mask(9, 7, {Slice{{0, 0}, {0, 7}, MaskType::kFull},
-                         Slice{{0, 9}, {3, 3}, MaskType::kCausal},
-                         Slice{{2, 3}, {0, 1}, MaskType::kFull},
-                         Slice{{4, 5}, {1, 7}, MaskType::kCausal},
-                         Slice{{5, 9}, {6, 7}, MaskType::kInvCausal},
-                         Slice{{6, 7}, {0, 1}, MaskType::kBiCausal}});
-  check_both(mask, 2, 1, 16);
-  check_both(Mask(1, 1, {Slice{{0, 1}, {0, 1}, MaskType::kCausal}}), 1, 1, 8);
-}
-
-TEST(CpuBackward, EveryTypeWithShorterEqualAndLongerKeys) {
-  for (int t = 0; t < 4; ++t)
-    for (auto [sq, sk] : {std::pair{37, 61}, {61, 37}, {64, 64}, {1, 9}, {9, 1}, {65, 129}}) {
-      SCOPED_TRACE(::testing::Message() << "type " << t << " sq " << sq << " sk " << sk);
-      check_both(one_slice(sq + 7, sk + 9, Slice{{3, 3 + sq}, {5, 5 + sk}, MaskType(t)}), 2, 1,
-                 64);
-    }
-}
-
-TEST(CpuBackward, SizesAroundTileMultiples) {
-  const std::int64_t sizes[] = {1, 63, 64, 65, 127, 128, 129};
-  for (std::int64_t n : sizes)
-    for (std::int64_t m : sizes)
-      for (MaskType t : {MaskType::kCausal, MaskType::kInvCausal}) {
-        std::mt19937_64 rng(n * 1000 + m);
-        const Config cfg = testing::config_for(DType::kF32);
-        check_backward(one_slice(n, m, Slice{{0, n}, {0, m}, t}),
-                       testing::random_problem(rng, n, m, 1, 1, 32, cfg), cfg);
-      }
-  check_both(one_slice(129, 128, Slice{{1, 129}, {0, 127}, MaskType::kFull}), 2, 2, 64);
-  check_both(one_slice(128, 129, Slice{{0, 65}, {1, 129}, MaskType::kBiCausal}), 2, 2, 64);
-}
-
-TEST(CpuBackward, QueryRowsSharedBySeveralSlices) {
-  check_both(Mask(150, 150, {Slice{{0, 150}, {0, 8}, MaskType::kFull},
-                             Slice{{8, 70}, {8, 70}, MaskType::kCausal},
-                             Slice{{70, 150}, {70, 150}, MaskType::kCausal}}),
-             4, 2, 64);
-  check_both(Mask(100, 100, {Slice{{0, 100}, {0, 100}, MaskType::kCausal},
-                             Slice{{0, 99}, {1, 100}, MaskType::kInvCausal}}),
-             2, 1, 32);
-  check_both(Mask(70, 200, {Slice{{0, 70}, {0, 40}, MaskType::kBiCausal},
-                            Slice{{0, 70}, {40, 130}, MaskType::kFull},
-                            Slice{{10, 70}, {130, 200}, MaskType::kCausal}}),
-             2, 1, 64);
-}
-
-TEST(CpuBackward, RowsThatSeeNothing) {
-  const Mask mask(80, 50, {Slice{{10, 70}, {0, 50}, MaskType::kCausal},
-                           Slice{{70, 75}, {0, 3}, MaskType::kBiCausal}});
-  check_both(mask, 2, 1, 32);
-  Config cfg;
-  check_both(mask, 2, 1, 32, cfg, 2);
-  cfg.opts.sink_layout = SinkLayout::kSSH;
-  check_both(mask, 2, 1, 32, cfg, 3);
-}
-
-TEST(CpuBackward, GqaAndMqa) {
-  const Mask mask(100, 120, {Slice{{0, 100}, {20, 120}, MaskType::kCausal},
-                             Slice{{0, 100}, {0, 10}, MaskType::kFull}});
-  for (std::int64_t hkv : {8, 4, 2, 1}) {
-    SCOPED_TRACE(::testing::Message() << "hkv " << hkv);
-    check_both(mask, 8, hkv, 32);
-  }
-}
-
-TEST(CpuBackward, HeadDims) {
-  const Mask mask(70, 90, {Slice{{0, 70}, {0, 90}, MaskType::kCausal}});
-  for (std::int64_t d : {8, 64, 72, 128, 192, 256}) {
-    SCOPED_TRACE(::testing::Message() << "d " << d);
-    check_both(mask, 2, 1, d);
-  }
+  testing::check_both(testing::Direction::kBackward, mask, hq, hkv, d, cfg, sink_len, seed);
 }
 
 TEST(CpuBackward, Softcap) {

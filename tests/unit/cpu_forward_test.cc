@@ -1,7 +1,6 @@
-// CPU forward vs the fp64 oracle (SPEC §5): hand-picked edge cases, accumulate, determinism,
-// then a seeded random sweep. Inputs are rounded to the tested dtype before the oracle sees
-// them, so what is left is the backend's own arithmetic plus the final store: 1e-12 in fp64,
-// 1e-5 in fp32, and one extra output rounding (2^-8 bf16, 2^-11 fp16) for narrow outputs.
+// CPU forward vs the fp64 oracle (SPEC §5): forward-only cases (softcap, sinks, views, narrow
+// outputs, accumulate, determinism) and a seeded random sweep; the edge cases both directions
+// share are in cpu_edge_cases_test.cc, the checks and tolerances in tests/support/cpu_checks.h.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,6 +10,7 @@
 #include <string>
 
 #include "attn_case.h"
+#include "cpu_checks.h"
 #include "seed.h"
 
 namespace magi {
@@ -19,135 +19,14 @@ namespace {
 using oracle::Problem;
 using testing::Config;
 using testing::Layout;
+using testing::check_forward;
+using testing::describe;
+using testing::one_slice;
 constexpr double kInf = std::numeric_limits<double>::infinity();
-
-std::string describe(const Config& c, const Problem& p) {
-  std::ostringstream os;
-  os << dtype_name(c.in) << " in, " << dtype_name(c.out) << " out, " << p.num_q << "x" << p.num_k
-     << " hq " << p.heads_q << " hkv " << p.heads_kv << " d " << p.head_dim << " layout "
-     << int(c.layout) << " softcap " << c.opts.softcap << " threads " << c.opts.num_threads;
-  if (p.sink_len > 0)
-    os << " sink " << p.sink_len << (p.sink_layout == SinkLayout::kSH ? " sh" : " ssh");
-  return os.str();
-}
-
-// One backend call compared with the oracle; rows that see nothing must be exactly 0 / -inf.
-void check_forward(const Mask& mask, const Problem& p, const Config& cfg,
-                   const std::string& note = "") {
-  const std::string what = describe(cfg, p) + "; " + note + "\n" + mask.to_string();
-  testing::FwdCall call(p, cfg);
-  ASSERT_NO_THROW(attn_forward(mask, call.args(), cfg.opts)) << what;
-  const auto want = oracle::forward(mask, p);
-  const auto got = call.result();
-  const double tol_c = testing::tolerance(cfg.compute(), cfg.compute());
-  EXPECT_LE(testing::rel_err(got.out, want.out), testing::tolerance(cfg.compute(), cfg.out))
-      << "out: " << what;
-  EXPECT_LE(testing::lse_err(got.lse, want.lse), tol_c) << "lse: " << what;
-  if (cfg.max_logits) {
-    EXPECT_LE(testing::lse_err(got.max_logits, want.max_logits), tol_c) << "max_logits: " << what;
-  }
-  std::int64_t nonzero = 0;
-  for (std::size_t r = 0; r < want.lse.size(); ++r)
-    if (want.lse[r] == -kInf)
-      for (std::int64_t e = 0; e < p.head_dim; ++e) nonzero += got.out[r * p.head_dim + e] != 0.0;
-  EXPECT_EQ(nonzero, 0) << "empty rows must give out exactly 0: " << what;
-  EXPECT_TRUE(call.gaps_intact()) << "wrote outside the view: " << what;
-}
 
 void check_both(const Mask& mask, std::int64_t hq, std::int64_t hkv, std::int64_t d,
                 Config cfg = {}, std::int64_t sink_len = 0, std::uint64_t seed = 1) {
-  for (DType in : {DType::kF64, DType::kF32}) {
-    std::mt19937_64 rng(seed);
-    Config c = testing::config_for(in);
-    c.layout = cfg.layout;
-    c.opts = cfg.opts;
-    c.max_logits = cfg.max_logits;
-    check_forward(mask, testing::random_problem(rng, mask.total_seqlen_q(), mask.total_seqlen_k(),
-                                                hq, hkv, d, c, sink_len),
-                  c);
-  }
-}
-
-Mask one_slice(std::int64_t nq, std::int64_t nk, Slice s) { return Mask(nq, nk, {s}); }
-
-TEST(CpuForward, EmptyAndLengthOneRanges) {
-  const Mask mask(9, 7, {Slice{{0, 0}, {0, 7}, MaskType::kFull},
-                         Slice{{0, 9}, {3, 3}, MaskType::kCausal},
-                         Slice{{2, 3}, {0, 1}, MaskType::kFull},
-                         Slice{{4, 5}, {1, 7}, MaskType::kCausal},
-                         Slice{{5, 9}, {6, 7}, MaskType::kInvCausal},
-                         Slice{{6, 7}, {0, 1}, MaskType::kBiCausal}});
-  check_both(mask, 2, 1, 16);
-  check_both(Mask(1, 1, {Slice{{0, 1}, {0, 1}, MaskType::kCausal}}), 1, 1, 8);
-}
-
-TEST(CpuForward, EveryTypeWithShorterEqualAndLongerKeys) {
-  for (int t = 0; t < 4; ++t)
-    for (auto [sq, sk] : {std::pair{37, 61}, {61, 37}, {64, 64}, {1, 9}, {9, 1}, {65, 129}}) {
-      SCOPED_TRACE(::testing::Message() << "type " << t << " sq " << sq << " sk " << sk);
-      check_both(one_slice(sq + 7, sk + 9, Slice{{3, 3 + sq}, {5, 5 + sk}, MaskType(t)}), 2, 1, 64);
-    }
-}
-
-TEST(CpuForward, SizesAroundTileMultiples) {
-  const std::int64_t sizes[] = {1, 63, 64, 65, 127, 128, 129};
-  for (std::int64_t n : sizes)
-    for (std::int64_t m : sizes)
-      for (MaskType t : {MaskType::kCausal, MaskType::kInvCausal}) {
-        std::mt19937_64 rng(n * 1000 + m);
-        const Config cfg = testing::config_for(DType::kF32);
-        check_forward(one_slice(n, m, Slice{{0, n}, {0, m}, t}),
-                      testing::random_problem(rng, n, m, 1, 1, 32, cfg), cfg);
-      }
-  check_both(one_slice(129, 128, Slice{{1, 129}, {0, 127}, MaskType::kFull}), 2, 2, 64);
-  check_both(one_slice(128, 129, Slice{{0, 65}, {1, 129}, MaskType::kBiCausal}), 2, 2, 64);
-}
-
-TEST(CpuForward, QueryRowsSharedBySeveralSlices) {
-  // Documents with global tokens: rows 8.. see keys [0, 8) from one slice and their
-  // document from another.
-  check_both(Mask(150, 150, {Slice{{0, 150}, {0, 8}, MaskType::kFull},
-                             Slice{{8, 70}, {8, 70}, MaskType::kCausal},
-                             Slice{{70, 150}, {70, 150}, MaskType::kCausal}}),
-             4, 2, 64);
-  // A causal triangle and the strict upper triangle as inv_causal tile the full square.
-  check_both(Mask(100, 100, {Slice{{0, 100}, {0, 100}, MaskType::kCausal},
-                             Slice{{0, 99}, {1, 100}, MaskType::kInvCausal}}),
-             2, 1, 32);
-  // Interleaved key ranges of one query block.
-  check_both(Mask(70, 200, {Slice{{0, 70}, {0, 40}, MaskType::kBiCausal},
-                            Slice{{0, 70}, {40, 130}, MaskType::kFull},
-                            Slice{{10, 70}, {130, 200}, MaskType::kCausal}}),
-             2, 1, 64);
-}
-
-TEST(CpuForward, RowsThatSeeNothing) {
-  // Rows 0-9 are in no slice, 10-19 are the rows a causal slice with sq > sk leaves empty,
-  // and 70-74 hold a bi-causal slice with sq > sk, which is empty.
-  const Mask mask(80, 50, {Slice{{10, 70}, {0, 50}, MaskType::kCausal},
-                           Slice{{70, 75}, {0, 3}, MaskType::kBiCausal}});
-  check_both(mask, 2, 1, 32);
-  Config cfg;
-  check_both(mask, 2, 1, 32, cfg, 2);
-  cfg.opts.sink_layout = SinkLayout::kSSH;
-  check_both(mask, 2, 1, 32, cfg, 3);
-}
-
-TEST(CpuForward, GqaAndMqa) {
-  const Mask mask(100, 120, {Slice{{0, 100}, {20, 120}, MaskType::kCausal},
-                             Slice{{0, 100}, {0, 10}, MaskType::kFull}});
-  for (std::int64_t hkv : {8, 4, 2, 1}) {
-    SCOPED_TRACE(::testing::Message() << "hkv " << hkv);
-    check_both(mask, 8, hkv, 32);
-  }
-}
-
-TEST(CpuForward, HeadDims) {
-  const Mask mask(70, 90, {Slice{{0, 70}, {0, 90}, MaskType::kCausal}});
-  for (std::int64_t d : {8, 64, 72, 128, 192, 256}) {
-    SCOPED_TRACE(::testing::Message() << "d " << d);
-    check_both(mask, 2, 1, d);
-  }
+  testing::check_both(testing::Direction::kForward, mask, hq, hkv, d, cfg, sink_len, seed);
 }
 
 TEST(CpuForward, Softcap) {

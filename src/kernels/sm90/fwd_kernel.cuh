@@ -26,6 +26,10 @@
 
 #include "fwd_params.h"
 
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ < 900 || !defined(__CUDA_ARCH_FEAT_SM90_ALL))
+#error "the sm90 forward needs the sm_90a target (wgmma): build with CUDA_ARCHITECTURES 90a"
+#endif
+
 namespace magi::kernels::sm90 {
 
 template <class T, int kD, int kWG>
