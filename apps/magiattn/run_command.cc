@@ -134,6 +134,32 @@ std::vector<double> fill_normal(Buffer& buf, std::uint64_t seed) {
   return exact;
 }
 
+// The tensors of one forward + backward: inputs in the run's dtype, outputs in the compute
+// type (so the check measures the kernels, not a final rounding). Used for the whole problem
+// and, distributed, for each rank's local rows.
+struct AttnBuffers {
+  std::int64_t nq, nk, hq, hkv, d;
+  Buffer q, k, v, dout, out, lse, dq, dk, dv;
+
+  AttnBuffers(DType in, DType compute, std::int64_t nq_, std::int64_t nk_, std::int64_t hq_,
+              std::int64_t hkv_, std::int64_t d_)
+      : nq(nq_), nk(nk_), hq(hq_), hkv(hkv_), d(d_),
+        q(in, nq * hq * d), k(in, nk * hkv * d), v(in, nk * hkv * d), dout(in, nq * hq * d),
+        out(compute, nq * hq * d), lse(compute, nq * hq), dq(compute, nq * hq * d),
+        dk(compute, nk * hkv * d), dv(compute, nk * hkv * d) {}
+
+  FwdArgs fwd(std::optional<TensorView> sink) {
+    return FwdArgs{q.view({nq, hq, d}), k.view({nk, hkv, d}), v.view({nk, hkv, d}),
+                   out.view({nq, hq, d}), lse.view({nq, hq}), sink, std::nullopt};
+  }
+  BwdArgs bwd(std::optional<TensorView> sink, std::optional<TensorView> dsink) {
+    return BwdArgs{dout.view({nq, hq, d}), q.view({nq, hq, d}),   k.view({nk, hkv, d}),
+                   v.view({nk, hkv, d}),   out.view({nq, hq, d}), lse.view({nq, hq}),
+                   dq.view({nq, hq, d}),   dk.view({nk, hkv, d}), dv.view({nk, hkv, d}),
+                   sink,                   dsink};
+  }
+};
+
 // `count` distinct sorted query rows including the first and the last.
 std::vector<std::int64_t> pick_query_rows(std::int64_t n, std::int64_t count,
                                           std::mt19937_64& rng) {
@@ -398,37 +424,20 @@ int run_attention(RunFlags f) {
   p.num_q = nq, p.num_k = nk, p.heads_q = hq, p.heads_kv = hkv, p.head_dim = d;
   p.softcap = f.softcap;
   p.sink_len = ns;
-  Buffer q(dtype, nq * hq * d), k(dtype, nk * hkv * d), v(dtype, nk * hkv * d);
-  Buffer dout(dtype, nq * hq * d), sink(compute, ns * hq);
+  AttnBuffers g(dtype, compute, nq, nk, hq, hkv, d);  // the whole problem
+  Buffer sink(compute, ns * hq), dsink(compute, ns * hq);
   timed("inputs", [&] {
     const std::uint64_t s = f.mask.spec.seed * 8;  // one stream per tensor
-    p.q = fill_normal(q, s + 1), p.k = fill_normal(k, s + 2), p.v = fill_normal(v, s + 3);
-    p.dout = fill_normal(dout, s + 4), p.sink = fill_normal(sink, s + 5);
+    p.q = fill_normal(g.q, s + 1), p.k = fill_normal(g.k, s + 2), p.v = fill_normal(g.v, s + 3);
+    p.dout = fill_normal(g.dout, s + 4), p.sink = fill_normal(sink, s + 5);
   });
-
-  // Outputs in the compute type, so the check measures the kernels, not a final rounding.
-  Buffer out(compute, nq * hq * d), lse(compute, nq * hq);
-  Buffer dq(compute, nq * hq * d), dk(compute, nk * hkv * d), dv(compute, nk * hkv * d);
-  Buffer dsink(compute, ns * hq);
   AttnOptions opts;
   opts.softcap = f.softcap;
   opts.num_threads = f.threads;
-  FwdArgs fa;
-  fa.q = q.view({nq, hq, d});
-  fa.k = k.view({nk, hkv, d});
-  fa.v = v.view({nk, hkv, d});
-  fa.out = out.view({nq, hq, d});
-  fa.lse = lse.view({nq, hq});
-  BwdArgs ba;
-  ba.dout = dout.view({nq, hq, d});
-  ba.q = fa.q, ba.k = fa.k, ba.v = fa.v, ba.out = fa.out, ba.lse = fa.lse;
-  ba.dq = dq.view({nq, hq, d});
-  ba.dk = dk.view({nk, hkv, d});
-  ba.dv = dv.view({nk, hkv, d});
-  if (ns > 0) {
-    fa.sink = ba.sink = sink.view({ns, hq});
-    ba.dsink = dsink.view({ns, hq});
-  }
+  std::optional<TensorView> sink_v, dsink_v;
+  if (ns > 0) sink_v = sink.view({ns, hq}), dsink_v = dsink.view({ns, hq});
+  const FwdArgs fa = g.fwd(sink_v);
+  const BwdArgs ba = g.bwd(sink_v, dsink_v);
   double fwd_s = 0, bwd_s = 0;
   std::vector<Result::RankLine> rank_lines;
 #ifdef MAGI_CLI_MPI
@@ -440,31 +449,15 @@ int run_attention(RunFlags f) {
     plan::DistPlan dp;
     timed("plan for " + std::to_string(cp) + " ranks", [&] { dp = plan::make_plan(m.mask, po); });
     const std::int64_t nl = dp.dispatch.rank_tokens(rank);
-    Buffer ql(dtype, nl * hq * d), kl(dtype, nl * hkv * d), vl(dtype, nl * hkv * d);
-    Buffer dol(dtype, nl * hq * d), ol(compute, nl * hq * d), ll(compute, nl * hq);
-    Buffer dql(compute, nl * hq * d), dkl(compute, nl * hkv * d), dvl(compute, nl * hkv * d);
+    AttnBuffers l(dtype, compute, nl, nl, hq, hkv, d);  // this rank's rows
+    const FwdArgs la = l.fwd(sink_v);
+    const BwdArgs lb = l.bwd(sink_v, dsink_v);
     timed("dispatch", [&] {
-      runtime::dispatch(dp, comm, fa.q, ql.view({nl, hq, d}));
-      runtime::dispatch(dp, comm, fa.k, kl.view({nl, hkv, d}));
-      runtime::dispatch(dp, comm, fa.v, vl.view({nl, hkv, d}));
-      runtime::dispatch(dp, comm, ba.dout, dol.view({nl, hq, d}));
+      runtime::dispatch(dp, comm, fa.q, la.q);
+      runtime::dispatch(dp, comm, fa.k, la.k);
+      runtime::dispatch(dp, comm, fa.v, la.v);
+      runtime::dispatch(dp, comm, ba.dout, lb.dout);
     });
-    FwdArgs la;
-    la.q = ql.view({nl, hq, d});
-    la.k = kl.view({nl, hkv, d});
-    la.v = vl.view({nl, hkv, d});
-    la.out = ol.view({nl, hq, d});
-    la.lse = ll.view({nl, hq});
-    BwdArgs lb;
-    lb.dout = dol.view({nl, hq, d});
-    lb.q = la.q, lb.k = la.k, lb.v = la.v, lb.out = la.out, lb.lse = la.lse;
-    lb.dq = dql.view({nl, hq, d});
-    lb.dk = dkl.view({nl, hkv, d});
-    lb.dv = dvl.view({nl, hkv, d});
-    if (ns > 0) {
-      la.sink = lb.sink = fa.sink;
-      lb.dsink = ba.dsink;
-    }
     runtime::CalcStats fwd_stats, bwd_stats;
     comm.barrier();  // every rank starts the timed forward together
     const double my_fwd = timed("forward (rank 0)", [&] {
@@ -550,11 +543,11 @@ int run_attention(RunFlags f) {
   r.fwd_s = fwd_s;
   r.bwd_s = bwd_s;
   r.fwd_flops = attn_fwd_flops(m.mask.area(), hq, d);
-  r.errors = {{"out", error(out, ref.q_rows, hq * d, ref.out)},
-              {"lse", error(lse, ref.q_rows, hq, ref.lse)},
-              {"dq", error(dq, ref.q_rows, hq * d, ref.dq)},
-              {"dk", error(dk, ref.k_rows, hkv * d, ref.dk)},
-              {"dv", error(dv, ref.k_rows, hkv * d, ref.dv)}};
+  r.errors = {{"out", error(g.out, ref.q_rows, hq * d, ref.out)},
+              {"lse", error(g.lse, ref.q_rows, hq, ref.lse)},
+              {"dq", error(g.dq, ref.q_rows, hq * d, ref.dq)},
+              {"dk", error(g.dk, ref.k_rows, hkv * d, ref.dk)},
+              {"dv", error(g.dv, ref.k_rows, hkv * d, ref.dv)}};
   r.bar = error_bar(dtype);
   r.num_q_checked = q_rows.size();
   r.num_k_checked = k_rows.size();
