@@ -25,7 +25,12 @@
 #ifdef MAGI_CLI_MPI  // distributed `run` under mpirun: the runtime over the MPI communicator
 #include <mpi.h>
 
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdlib>
+#include <fstream>
+#include <iterator>
 
 #include "magi/plan.h"
 #include "magi/runtime.h"
@@ -357,6 +362,36 @@ bool launched_by_mpi() {
   return false;
 }
 
+// `magiattn run --ranks N` outside mpirun: replace this process by `mpiexec -n N magiattn
+// <the same arguments>` (Open MPI may oversubscribe the cores and run as root, as the tests
+// do). Returns only on failure.
+[[noreturn]] void launch_ranks(int ranks) {
+  std::ifstream cmdline("/proc/self/cmdline", std::ios::binary);
+  const std::string all((std::istreambuf_iterator<char>(cmdline)), {});
+  std::vector<std::string> args;
+  for (std::size_t i = 0; i < all.size();) {
+    const std::size_t end = all.find('\0', i);
+    args.push_back(all.substr(i, end - i));
+    i = end == std::string::npos ? all.size() : end + 1;
+  }
+  MAGI_CHECK(!args.empty(), "--ranks ", ranks, ": cannot read this process's arguments");
+  char self[4096];
+  const ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+  MAGI_CHECK(len > 0, "--ranks ", ranks, ": cannot find this executable's path");
+  self[len] = '\0';
+  std::vector<std::string> cmd{MAGI_MPIEXEC, "-n", std::to_string(ranks), self};
+  cmd.insert(cmd.end(), args.begin() + 1, args.end());
+  std::vector<char*> argv;
+  for (std::string& a : cmd) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 0);
+  setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
+  setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
+  std::cout.flush();
+  execv(MAGI_MPIEXEC, argv.data());
+  MAGI_FAIL("--ranks ", ranks, ": could not start ", MAGI_MPIEXEC, ": ", std::strerror(errno));
+}
+
 // MPI_Init on construction, MPI_Finalize on destruction (after the communicator is gone),
 // except after a communication failure: MPI_Finalize would wait for the dead or stuck peer,
 // so the rank skips it, main prints the error and exits 1, and mpirun ends the job.
@@ -394,6 +429,7 @@ int run_attention(RunFlags f) {
 #ifdef MAGI_CLI_MPI
   std::optional<MpiSession> mpi_session;
   std::unique_ptr<comm::mpi::MpiCommunicator> world;
+  if (f.ranks > 1 && !launched_by_mpi()) launch_ranks(f.ranks);
   struct SkipFinalizeIfBroken {  // destroyed before world and the session
     std::optional<MpiSession>& session;
     const std::unique_ptr<comm::mpi::MpiCommunicator>& world;
@@ -602,8 +638,8 @@ Command add_run_command(CLI::App& parent) {
       ->check(CLI::NonNegativeNumber);
   cmd->add_flag("--json", flags->json, "print one JSON result line instead of the table");
   cmd->add_option("--ranks", flags->ranks,
-                  "expect this many MPI ranks and run distributed (under mpirun, detected "
-                  "without it; 0: auto)")
+                  "run distributed on this many MPI ranks: under mpirun, the ranks it started; "
+                  "without it, magiattn starts them with mpiexec (0: as launched)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--comm-timeout", flags->comm_timeout_s,

@@ -60,4 +60,9 @@ if(TARGET magi_runtime AND TARGET magi_comm_mpi)
                          "result +PASS" FAIL_REGULAR_EXPRESSION "result +FAIL;magiattn: (internal )?error"
                          ENVIRONMENT "OMPI_MCA_rmaps_base_oversubscribe=1" PROCESSORS 2)
   endforeach()
+  # --ranks without mpirun: magiattn starts the ranks itself.
+  add_test(NAME cli.run_ranks_self_launch COMMAND magiattn run --ranks 2 --seqlen 1024 --threads 1)
+  set_tests_properties(cli.run_ranks_self_launch PROPERTIES TIMEOUT 120 PASS_REGULAR_EXPRESSION
+                       "ranks +2 \\(MPI.*result +PASS" FAIL_REGULAR_EXPRESSION
+                       "result +FAIL;magiattn: (internal )?error" PROCESSORS 2)
 endif()
