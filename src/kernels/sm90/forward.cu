@@ -93,7 +93,8 @@ void forward(const Mask& mask, const FwdArgs& a, const Resolved& r, int sm_margi
     MAGI_CHECK(a.max_logits->stride[0] == 1 || dm.heads_q == 1,
                "max_logits: must be contiguous on the GPU, got ", a.max_logits->describe());
     if (!r.accumulate) {
-      fill_kernel<<<1, 1024, 0, stream>>>(p.max_logits, int(dm.heads_q), -INFINITY);
+      fill_kernel<<<int((dm.heads_q + 255) / 256), 256, 0, stream>>>(p.max_logits,
+                                                                  int(dm.heads_q), -INFINITY);
       MAGI_CUDA_CHECK(cudaGetLastError(), "max_logits fill");
     }
   }
