@@ -23,7 +23,7 @@ import magiattn
 from magiattn import masks
 
 SPEC_MASKS = ["full", "causal", "varlen-full", "varlen-causal", "sliding-window",
-              "varlen-block-causal", "block-sparse"]
+              "varlen-block-causal", "shared-prefix", "block-sparse"]
 
 
 def time_ms(fn, reps: int, inner: int) -> float:
