@@ -56,6 +56,11 @@ struct BwdArgs {
 void attn_forward(const Mask& mask, const FwdArgs& args, const AttnOptions& opts = {});
 void attn_backward(const Mask& mask, const BwdArgs& args, const AttnOptions& opts = {});
 
+// Every check of attn_forward / attn_backward, and nothing else: no compute, no write, no
+// device work. For callers that must fail before a collective (the distributed runtime).
+void validate_forward(const Mask& mask, const FwdArgs& args, const AttnOptions& opts = {});
+void validate_backward(const Mask& mask, const BwdArgs& args, const AttnOptions& opts = {});
+
 // FLOP counts of SPEC §4: fwd = 4 * area * Hq * D, bwd = 2.5 * fwd.
 double attn_fwd_flops(std::int64_t area, std::int64_t num_heads_q, std::int64_t head_dim);
 

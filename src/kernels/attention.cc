@@ -204,7 +204,10 @@ double attn_fwd_flops(std::int64_t area, std::int64_t num_heads_q, std::int64_t 
   return 4.0 * double(area) * double(num_heads_q) * double(head_dim);
 }
 
-void attn_forward(const Mask& mask, const FwdArgs& a, const AttnOptions& opts) {
+namespace {
+
+kernels::Resolved check_forward_args(const Mask& mask, const FwdArgs& a,
+                                     const AttnOptions& opts) {
   const kernels::Resolved r = resolve(mask, a.q, a.k, a.v, a.sink, opts);
   check_view(a.out, "out", 3);
   check_device(a.out, "out", a.q);
@@ -221,13 +224,11 @@ void attn_forward(const Mask& mask, const FwdArgs& a, const AttnOptions& opts) {
     check_dtype(*a.max_logits, "max_logits", r.compute, "max_logits is kept in the compute type");
     check_device(*a.max_logits, "max_logits", a.q);
   }
-#ifdef MAGI_HAS_SM90
-  if (on_gpu(a.q)) return kernels::sm90::forward(mask, a, r, opts.sm_margin, opts.cuda_stream);
-#endif
-  kernels::cpu::forward(mask, a, r);
+  return r;
 }
 
-void attn_backward(const Mask& mask, const BwdArgs& a, const AttnOptions& opts) {
+kernels::Resolved check_backward_args(const Mask& mask, const BwdArgs& a,
+                                      const AttnOptions& opts) {
   MAGI_CHECK(!on_gpu(a.q), "attn_backward: the GPU backward is not built yet (q is on ",
              device_name(a.q), "); run it on CPU tensors");
   const kernels::Resolved r = resolve(mask, a.q, a.k, a.v, a.sink, opts);
@@ -259,6 +260,29 @@ void attn_backward(const Mask& mask, const BwdArgs& a, const AttnOptions& opts) 
     check_no_alias(*a.dsink, "dsink");
     check_dtype(*a.dsink, "dsink", a.sink->dtype, "dsink must match sink");
   }
+  return r;
+}
+
+}  // namespace
+
+void validate_forward(const Mask& mask, const FwdArgs& a, const AttnOptions& opts) {
+  check_forward_args(mask, a, opts);
+}
+
+void validate_backward(const Mask& mask, const BwdArgs& a, const AttnOptions& opts) {
+  check_backward_args(mask, a, opts);
+}
+
+void attn_forward(const Mask& mask, const FwdArgs& a, const AttnOptions& opts) {
+  const kernels::Resolved r = check_forward_args(mask, a, opts);
+#ifdef MAGI_HAS_SM90
+  if (on_gpu(a.q)) return kernels::sm90::forward(mask, a, r, opts.sm_margin, opts.cuda_stream);
+#endif
+  kernels::cpu::forward(mask, a, r);
+}
+
+void attn_backward(const Mask& mask, const BwdArgs& a, const AttnOptions& opts) {
+  const kernels::Resolved r = check_backward_args(mask, a, opts);
   kernels::cpu::backward(mask, a, r);
 }
 

@@ -124,9 +124,8 @@ void calc_attn_forward(const plan::DistPlan& plan, comm::Communicator& comm, con
   check_compute(a.lse, "lse", compute);
   if (a.max_logits) check_compute(*a.max_logits, "max_logits", compute);
   const std::int64_t nl = a.q.shape[0];
-  // The kernel's own checks (dtype, head dim, sink) before the first collective: on an empty
-  // mask they validate and write nothing that the host stage does not overwrite.
-  attn_forward(Mask(nl, nl, {}), a, opts);
+  // The kernel's own checks (dtype, head dim, sink) before the first collective.
+  validate_forward(Mask(nl, nl, {}), a, opts);
 
   Fetch next;
   if (!rp.stages.empty()) next = post_fetch(comm, rp.stages[0], a.k, a.v);
@@ -170,7 +169,7 @@ void calc_attn_backward(const plan::DistPlan& plan, comm::Communicator& comm, co
                           a.dsink->describe());
   const std::int64_t nl = a.q.shape[0];
   const comm::Rows dk_rows = detail::rows_of(a.dk, "dk"), dv_rows = detail::rows_of(a.dv, "dv");
-  attn_backward(Mask(nl, nl, {}), a, opts);  // validate before the first collective (see forward)
+  validate_backward(Mask(nl, nl, {}), a, opts);  // before the first collective, as forward
 
   Fetch next;
   if (!rp.stages.empty()) next = post_fetch(comm, rp.stages[0], a.k, a.v);

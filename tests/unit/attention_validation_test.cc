@@ -4,6 +4,8 @@
 // are accepted rather than rejected.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <cmath>
 #include <limits>
 #include <string_view>
@@ -240,6 +242,24 @@ TEST(AttentionValidation, OutputShapesMustFollowTheInputs) {
   Bwd c;
   c.args.dout.shape[0] = 3;
   EXPECT_TRUE(throws_with(c, "dout: shape [3, 4, 8] differs from q shape [4, 4, 8]"));
+}
+
+// validate_* run the same checks and compute nothing (the runtime calls them before its first
+// collective): a valid call leaves the outputs untouched, an invalid one throws the same error.
+TEST(AttentionValidation, ValidateChecksWithoutComputing) {
+  Fwd f;
+  std::fill(f.out.begin(), f.out.end(), -7.0);
+  EXPECT_NO_THROW(validate_forward(f.mask, f.args, f.opts));
+  EXPECT_TRUE(std::all_of(f.out.begin(), f.out.end(), [](double x) { return x == -7.0; }));
+  f.opts.softcap = -1;
+  EXPECT_TRUE(throws_with([&] { validate_forward(f.mask, f.args, f.opts); }, "softcap: -1"));
+  Bwd b;
+  std::fill(b.dq.begin(), b.dq.end(), -7.0);
+  EXPECT_NO_THROW(validate_backward(b.f.mask, b.args, b.opts));
+  EXPECT_TRUE(std::all_of(b.dq.begin(), b.dq.end(), [](double x) { return x == -7.0; }));
+  b.args.dv.shape[0] = 4;
+  EXPECT_TRUE(throws_with([&] { validate_backward(b.f.mask, b.args, b.opts); },
+                          "dv: shape [4, 2, 8] differs from v shape [5, 2, 8]"));
 }
 
 TEST(AttentionValidation, TensorsMustShareQsDevice) {
