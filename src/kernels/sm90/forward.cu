@@ -30,7 +30,7 @@ using Launcher = cudaError_t (*)(const FwdParams&, int, std::int64_t, cudaStream
 
 Launcher find_launcher(DType t, std::int64_t d) {
 #define MAGI_SM90_CASE(T, D, DT) \
-  if (t == DType::DT && d == D) return &launch_forward<T, D, 2>;
+  if (t == DType::DT && d == D) return &launch_forward<T, D>;
   MAGI_SM90_FWD_INSTANCES(MAGI_SM90_CASE)
 #undef MAGI_SM90_CASE
   return nullptr;
@@ -57,7 +57,6 @@ int sm_count(int device) {
 void forward(const Mask& mask, const FwdArgs& a, const Resolved& r, int sm_margin,
              std::uintptr_t stream_handle) {
   const Dims& dm = r.dims;
-  constexpr int warp_groups = 2;  // CTA shape (fwd_params.h)
   const Launcher launch = find_launcher(a.q.dtype, dm.head_dim);
   MAGI_CHECK(launch != nullptr, "GPU forward: no kernel for q dtype ", dtype_name(a.q.dtype),
              " and head dim ", dm.head_dim, " (built: ", MAGI_SM90_FWD_BUILT,
@@ -100,8 +99,7 @@ void forward(const Mask& mask, const FwdArgs& a, const Resolved& r, int sm_margi
   }
   if (dm.num_q == 0) return;
 
-  const WorkList w = make_work_list(mask, fwd_block_m(warp_groups),
-                                    fwd_block_n(int(dm.head_dim), warp_groups));
+  const WorkList w = make_work_list(mask, kFwdBlockM, fwd_block_n(int(dm.head_dim)));
   // One allocation: counter, tiles, pieces (each 16-byte aligned).
   const std::size_t tiles_off = 16, tiles_bytes = w.tiles.size() * sizeof(Tile);
   const std::size_t pieces_off = (tiles_off + tiles_bytes + 15) / 16 * 16;

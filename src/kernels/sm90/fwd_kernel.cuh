@@ -32,12 +32,11 @@
 
 namespace magi::kernels::sm90 {
 
-template <class T, int kD, int kWG>
+template <class T, int kD>
 struct FwdConfig {
-  static constexpr int kBlockM = fwd_block_m(kWG);
-  static constexpr int kBlockN = fwd_block_n(kD, kWG);
-  static constexpr int kThreads = 128 * kWG;
-  static constexpr int kMinBlocks = kWG == 1 ? 2 : 1;
+  static constexpr int kBlockM = kFwdBlockM;
+  static constexpr int kBlockN = fwd_block_n(kD);
+  static constexpr int kThreads = 256;
   static constexpr int kStages = 2;
   using BM = cute::Int<kBlockM>;
   using BN = cute::Int<kBlockN>;
@@ -48,7 +47,7 @@ struct FwdConfig {
   using LayoutK = decltype(cute::tile_to_shape(AtomK{}, cute::Shape<BN, HD, cute::Int<kStages>>{}));
   using LayoutVt =
       decltype(cute::tile_to_shape(AtomMN{}, cute::Shape<HD, BN, cute::Int<kStages>>{}));
-  using WarpGroups = cute::Layout<cute::Shape<cute::Int<kWG>, cute::_1, cute::_1>>;
+  using WarpGroups = cute::Layout<cute::Shape<cute::_2, cute::_1, cute::_1>>;
   using MmaQK = decltype(cute::make_tiled_mma(
       cute::GMMA::ss_op_selector<T, T, float, cute::Shape<BM, BN, HD>>(), WarpGroups{}));
   // P stays in registers (RS wgmma): the S accumulator of 16 columns is exactly the A
@@ -182,12 +181,10 @@ struct BlockIter {
 
 }  // namespace detail
 
-template <class T, int kD, int kWG>
-__global__ void __launch_bounds__(FwdConfig<T, kD, kWG>::kThreads,
-                                  FwdConfig<T, kD, kWG>::kMinBlocks)
-    ffa_fwd_kernel(const __grid_constant__ FwdParams p) {
+template <class T, int kD>
+__global__ void __launch_bounds__(256, 1) ffa_fwd_kernel(const __grid_constant__ FwdParams p) {
   using namespace cute;
-  using C = FwdConfig<T, kD, kWG>;
+  using C = FwdConfig<T, kD>;
   constexpr int kThreads = C::kThreads;
   using detail::kLn2;
   using detail::kLog2e;
@@ -401,7 +398,7 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kWG>::kThreads,
 
 // Launches the kernel on as many persistent CTAs as fit (at most max_ctas; the SMs left after
 // sm_margin times the CTAs per SM); defined per instantiation, fwd_inst.cu.in.
-template <class T, int kD, int kWG>
+template <class T, int kD>
 cudaError_t launch_forward(const FwdParams& p, int sms, std::int64_t max_ctas,
                            cudaStream_t stream);
 

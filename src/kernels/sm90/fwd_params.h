@@ -10,13 +10,11 @@ namespace magi::kernels::sm90 {
 
 enum class OutType : std::int32_t { kBF16, kF16, kF32 };
 
-// CTA shapes, shared by the host (work list tiles) and the kernel. 2 warpgroups: a 128-row
-// tile, one CTA per SM (the one built). 1 warpgroup: a 64-row tile with 64-key blocks, 2 CTAs
-// per SM; measured slower at D 128 (262 vs 319 TFLOP/s) and equal at D 64, so not built.
-constexpr int fwd_block_m(int warp_groups) { return 64 * warp_groups; }
-constexpr int fwd_block_n(int head_dim, int warp_groups) {
-  return warp_groups == 1 || head_dim > 128 ? 64 : 128;
-}
+// CTA tile, shared by the host (work list tiles) and the kernel: 128 query rows on 2
+// warpgroups, key blocks of 128 (64 above D 128). A 64-row tile on one warpgroup with 2 CTAs
+// per SM was measured slower at D 128 and equal at D 64 (docs/benchmarks.md).
+constexpr int kFwdBlockM = 128;
+constexpr int fwd_block_n(int head_dim) { return head_dim > 128 ? 64 : 128; }
 
 struct FwdParams {
   const void* q = nullptr;
