@@ -2,26 +2,33 @@
 // from a global counter (tiles heavy first, work_list.h) and runs one online softmax over
 // every key block of every piece the tile sees.
 //
-// Per CTA: 2 warpgroups (256 threads), a 128-row query tile (64 rows per warpgroup), key
-// blocks of 128 (D <= 128) or 64 rows. S = Q K^T is wgmma with both operands in shared
-// memory; O += P V is wgmma with P in registers (the S accumulator's layout is the A
-// fragment's). K and V blocks are double buffered with cp.async, so the next block loads while
-// this one computes. Element masking runs only on blocks that a piece's corners say need it;
-// rows outside the piece, keys outside [k0, k1) and cells off the band are -inf. K/V rows
-// outside the piece are zero-filled by the copy, never read: a NaN or inf in an unseen V row
-// cannot leak into a visible output (0 * inf).
+// Per CTA, three warpgroups with different jobs (warp specialisation):
+// - the producer (warpgroup 0, one warp, 24 registers after setmaxnreg) takes the next item
+//   from the counter and hands it to the consumers through shared memory, loads the Q tile
+//   and a ring of K and V blocks with TMA, each stage guarded by a full and an empty mbarrier;
+// - two consumer warpgroups (240 registers each) own 64 query rows each of the 128-row tile.
+//   S = Q K^T is wgmma with both operands in shared memory; O += P V is wgmma with P in
+//   registers (the S accumulator's layout is the A fragment's).
+// Overlap, as in FlashAttention-3: within a consumer, block j's softmax runs while the tensor
+// cores compute block j-1's P V (issued with block j's Q K^T); across the two consumers, a
+// pair of named barriers orders their wgmma issue so that one warpgroup's softmax runs while
+// the other's matrix products do.
 //
-// Key decision, v1: no producer warp, no TMA, no ping-pong between warpgroups, no overlap of
-// one block's softmax with the next block's QK^T; the structure is FlashAttention-2's on
-// wgmma. Those are the next steps (docs/benchmarks.md has the measurements).
+// Masking: element masks run only on blocks whose corners a piece does not cover; rows
+// outside the piece, keys outside [k0, k1) and cells off the band are -inf (whatever K holds
+// there). V rows outside the piece are never multiplied by a non-zero P, but 0 * NaN is NaN,
+// so a V block that straddles a piece's key range is not loaded with TMA: the producer warp
+// copies it with cp.async, zero-filling the rows outside (a NaN or inf in an unseen V row
+// cannot leak into a visible output). Rows past the tensor's end are TMA's zero fill.
 #pragma once
 
 #include <cuda_runtime.h>
 
-#include <cute/arch/copy_sm80.hpp>
-#include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cute/tensor.hpp>
+#include <cute/atom/copy_traits_sm90_tma.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
 #include <cutlass/numeric_types.h>
 
 #include "fwd_params.h"
@@ -36,8 +43,10 @@ template <class T, int kD>
 struct FwdConfig {
   static constexpr int kBlockM = kFwdBlockM;
   static constexpr int kBlockN = fwd_block_n(kD);
-  static constexpr int kThreads = 256;
+  static constexpr int kConsumerThreads = 256;  // 2 warpgroups, 64 rows each
+  static constexpr int kThreads = 128 + kConsumerThreads;
   static constexpr int kStages = 2;
+  static constexpr int kProducerRegs = 24, kConsumerRegs = 240;  // 24 + 2 * 240 = 504 <= 512
   using BM = cute::Int<kBlockM>;
   using BN = cute::Int<kBlockN>;
   using HD = cute::Int<kD>;
@@ -45,8 +54,12 @@ struct FwdConfig {
   using AtomMN = cute::GMMA::Layout_MN_SW128_Atom<T>;
   using LayoutQ = decltype(cute::tile_to_shape(AtomK{}, cute::Shape<BM, HD>{}));
   using LayoutK = decltype(cute::tile_to_shape(AtomK{}, cute::Shape<BN, HD, cute::Int<kStages>>{}));
-  using LayoutVt =
-      decltype(cute::tile_to_shape(AtomMN{}, cute::Shape<HD, BN, cute::Int<kStages>>{}));
+  // V is stored like K (rows of D, TMA's natural box) and read by the P V product through a
+  // transposed view (D, keys): the MN-major B operand.
+  using LayoutV = LayoutK;
+  using LayoutVt = decltype(cute::composition(
+      LayoutV{}, cute::make_ordered_layout(cute::Shape<HD, BN, cute::Int<kStages>>{},
+                                           cute::Step<cute::_2, cute::_1, cute::_3>{})));
   using WarpGroups = cute::Layout<cute::Shape<cute::_2, cute::_1, cute::_1>>;
   using MmaQK = decltype(cute::make_tiled_mma(
       cute::GMMA::ss_op_selector<T, T, float, cute::Shape<BM, BN, HD>>(), WarpGroups{}));
@@ -57,14 +70,39 @@ struct FwdConfig {
                                  cute::GMMA::Major::MN>(),
       WarpGroups{}));
 
+  // TMA views of the global tensors as (rows, D, heads); strides in elements.
+  using RowsLayout = cute::Layout<cute::Shape<int, int, int>, cute::Stride<std::int64_t, cute::_1, std::int64_t>>;
+  template <class SmemLayout, class Tile>
+  static auto tma_rows(const T* ptr, RowsLayout l, SmemLayout smem, Tile tile) {
+    return cute::make_tma_copy(cute::SM90_TMA_LOAD{}, cute::make_tensor(cute::make_gmem_ptr(ptr), l),
+                               smem, tile, cute::_1{});
+  }
+  using TmaQ = decltype(tma_rows(nullptr, RowsLayout{}, LayoutQ{}, cute::Shape<BM, HD>{}));
+  using TmaKV = decltype(tma_rows(nullptr, RowsLayout{}, cute::take<0, 2>(LayoutK{}),
+                                  cute::Shape<BN, HD>{}));
+
   struct Smem {
     alignas(1024) T q[cute::cosize_v<LayoutQ>];
     alignas(1024) T k[cute::cosize_v<LayoutK>];
-    alignas(1024) T vt[cute::cosize_v<LayoutVt>];
-    int next_item;
+    alignas(1024) T v[cute::cosize_v<LayoutV>];
+    // full: the producer's data landed; empty: both consumers are done with the buffer.
+    alignas(8) cute::uint64_t q_full, q_empty;
+    cute::uint64_t k_full[kStages], k_empty[kStages], v_full[kStages], v_empty[kStages];
+    cute::uint64_t item_full[2], item_empty[2];
+    std::int64_t item[2];
   };
   // Slack to align the dynamic shared memory to the 1024-byte swizzle period.
   static constexpr int kSmemBytes = int(sizeof(Smem)) + 1024;
+};
+
+// The kernel's one parameter: the plain parameters and the three TMA descriptors (built on
+// the host per call, fwd_inst.cu.in).
+template <class T, int kD>
+struct FwdKernelParams {
+  FwdParams p;
+  typename FwdConfig<T, kD>::TmaQ tma_q;
+  typename FwdConfig<T, kD>::TmaKV tma_k;
+  typename FwdConfig<T, kD>::TmaKV tma_v;
 };
 
 namespace detail {
@@ -122,20 +160,23 @@ __device__ inline void store(void* out, std::int64_t idx, OutType t, float x) {
   }
 }
 
-// Rows [row0, row0 + kRows) of one head into shared memory, 16 bytes per cp.async; rows
-// outside [lo, hi) are zero-filled by the copy itself (source size 0, reading row lo, which
-// is valid). dst(r, c) is the smem address of row r, column c. The row index is made opaque
-// so that the compiler recomputes the (swizzled) addresses per block instead of keeping
-// dozens of them live across the loop (they spilled to local memory).
-template <int kRows, int kD, int kThreads, class T, class Dst>
-__device__ void load_rows(const T* base, std::int64_t row_stride, int row0, int lo, int hi,
-                          Dst dst, int tid) {
+// Named barriers of the two consumer warpgroups (0 is __syncthreads).
+__device__ inline void named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ inline void named_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// Rows [row0, row0 + kRows) of one head into shared memory by one warp, 16 bytes per
+// cp.async; rows outside [lo, hi) are zero-filled by the copy itself (source size 0, reading
+// row lo, which is valid). dst(r, c) is the smem address of row r, column c.
+template <int kRows, int kD, class T, class Dst>
+__device__ void warp_load_rows(const T* base, std::int64_t row_stride, int row0, int lo, int hi,
+                               Dst dst, int lane) {
   constexpr int kChunks = kD / 8;
-  static_assert((kRows * kChunks) % kThreads == 0);
-#pragma unroll
-  for (int it = 0; it < kRows * kChunks / kThreads; ++it) {
-    int i = tid + it * kThreads;
-    asm volatile("" : "+r"(i));
+#pragma unroll 1
+  for (int i = lane; i < kRows * kChunks; i += 32) {
     const int r = i / kChunks, c = (i % kChunks) * 8;
     const int g = row0 + r;
     const bool inside = g >= lo && g < hi;
@@ -146,10 +187,10 @@ __device__ void load_rows(const T* base, std::int64_t row_stride, int row0, int 
   }
 }
 
-// Both warpgroups issue their wgmma for C (+)= A B over the K mode, then wait for them.
+// A warpgroup issues its wgmma for C (+)= A B over the K mode as one batch (not waited for).
 // kRegA: A is a register fragment (RS), fenced like the accumulator.
 template <bool kRegA = false, class Mma, class A, class B, class C>
-__device__ void wg_gemm(Mma& mma, A& a, const B& b, C& c, bool zero_init) {
+__device__ void wg_gemm_issue(Mma& mma, A& a, const B& b, C& c, bool zero_init) {
   using namespace cute;
   warpgroup_fence_operand(c);
   if constexpr (kRegA) warpgroup_fence_operand(a);
@@ -161,12 +202,9 @@ __device__ void wg_gemm(Mma& mma, A& a, const B& b, C& c, bool zero_init) {
     mma.accumulate_ = GMMA::ScaleOut::One;
   }
   warpgroup_commit_batch();
-  warpgroup_wait<0>();
-  warpgroup_fence_operand(c);
-  if constexpr (kRegA) warpgroup_fence_operand(a);
 }
 
-// The (piece, key block) sequence of one tile.
+// The (piece, key block) sequence of one tile; producer and consumers walk the same one.
 struct BlockIter {
   int piece, end, kb;
   __device__ bool valid() const { return piece < end; }
@@ -177,33 +215,160 @@ struct BlockIter {
       if (piece < end) kb = pieces[piece].k0;
     }
   }
+  __device__ static BlockIter first(const Tile& t, const Piece* pieces) {
+    return {t.piece_begin, t.piece_end, t.piece_begin < t.piece_end ? pieces[t.piece_begin].k0 : 0};
+  }
 };
+
+// Ring position of the n-th use of a buffer with `stages` copies: its stage, and the parity
+// the consumer waits for (the producer waits for the other one: a fresh mbarrier's previous
+// phase counts as complete).
+struct Ring {
+  int stage;
+  unsigned phase;
+};
+template <int kStages>
+__device__ Ring ring(int n) {
+  return {n % kStages, unsigned((n / kStages) & 1)};
+}
 
 }  // namespace detail
 
 template <class T, int kD>
-__global__ void __launch_bounds__(256, 1) ffa_fwd_kernel(const __grid_constant__ FwdParams p) {
+__global__ void __launch_bounds__(FwdConfig<T, kD>::kThreads, 1)
+    ffa_fwd_kernel(const __grid_constant__ FwdKernelParams<T, kD> kp) {
   using namespace cute;
   using C = FwdConfig<T, kD>;
-  constexpr int kThreads = C::kThreads;
   using detail::kLn2;
   using detail::kLog2e;
-  constexpr int kBM = C::kBlockM, kBN = C::kBlockN;
+  using Barrier = cutlass::arch::ClusterBarrier;
+  using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
+  constexpr int kBM = C::kBlockM, kBN = C::kBlockN, kStages = C::kStages;
+  const FwdParams& p = kp.p;
 
   extern __shared__ char smem_raw[];
   const unsigned misalign = unsigned(__cvta_generic_to_shared(smem_raw)) & 1023u;
   auto& s = *reinterpret_cast<typename C::Smem*>(smem_raw + ((1024u - misalign) & 1023u));
   Tensor sQ = make_tensor(make_smem_ptr(s.q), typename C::LayoutQ{});
   Tensor sK = make_tensor(make_smem_ptr(s.k), typename C::LayoutK{});
-  Tensor sVt = make_tensor(make_smem_ptr(s.vt), typename C::LayoutVt{});
+  Tensor sV = make_tensor(make_smem_ptr(s.v), typename C::LayoutV{});
+  Tensor sVt = make_tensor(make_smem_ptr(s.v), typename C::LayoutVt{});
 
   const int tid = int(threadIdx.x);
+  const int warpgroup = tid / 128;
+  const std::int64_t num_items = std::int64_t(p.num_tiles) * p.heads_q;
+  const int group = p.heads_q / p.heads_kv;
+
+  if (tid == 0) {
+    TxBarrier::init(&s.q_full, 1);
+    Barrier::init(&s.q_empty, 2);
+    for (int i = 0; i < kStages; ++i) {
+      TxBarrier::init(&s.k_full[i], 1);
+      TxBarrier::init(&s.v_full[i], 1);
+      Barrier::init(&s.k_empty[i], 2);
+      Barrier::init(&s.v_empty[i], 2);
+    }
+    for (int i = 0; i < 2; ++i) {
+      Barrier::init(&s.item_full[i], 1);
+      Barrier::init(&s.item_empty[i], C::kConsumerThreads / 32);
+    }
+    cutlass::arch::fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (warpgroup == 0) {
+    // ---------------------------------------------------------------- producer
+    cutlass::arch::warpgroup_reg_dealloc<C::kProducerRegs>();
+    if (tid >= 32) return;
+    const int lane = tid;
+    if (lane == 0) {
+      prefetch_tma_descriptor(kp.tma_q.get_tma_descriptor());
+      prefetch_tma_descriptor(kp.tma_k.get_tma_descriptor());
+      prefetch_tma_descriptor(kp.tma_v.get_tma_descriptor());
+    }
+    Tensor mQ = kp.tma_q.get_tma_tensor(make_shape(p.num_q, kD, p.heads_q));
+    Tensor mK = kp.tma_k.get_tma_tensor(make_shape(std::max(p.num_k, 1), kD, p.heads_kv));
+    Tensor mV = kp.tma_v.get_tma_tensor(make_shape(std::max(p.num_k, 1), kD, p.heads_kv));
+    const T* v_all = static_cast<const T*>(p.v);
+    int blk = 0;  // key blocks loaded so far (the ring position)
+    for (int n = 0;; ++n) {
+      std::int64_t item = 0;
+      if (lane == 0) item = atomicAdd(p.counter, 1);
+      item = __shfl_sync(0xffffffff, item, 0);
+      const detail::Ring slot = detail::ring<2>(n);
+      if (lane == 0) {
+        Barrier::wait(&s.item_empty[slot.stage], slot.phase ^ 1);
+        s.item[slot.stage] = item;
+        Barrier::arrive(&s.item_full[slot.stage]);
+      }
+      if (item >= num_items) break;
+      const Tile tile = p.tiles[item / p.heads_q];
+      const int h = int(item % p.heads_q), hk = h / group;
+      if (lane == 0) {
+        Barrier::wait(&s.q_empty, (n & 1) ^ 1);
+        TxBarrier::arrive_and_expect_tx(&s.q_full, kBM * kD * sizeof(T));
+        Tensor gQ = local_tile(domain_offset(make_coord(tile.q_start, 0), mQ(_, _, h)),
+                               Shape<typename C::BM, typename C::HD>{}, make_coord(0, 0));
+        auto cta = kp.tma_q.get_slice(0);
+        copy(kp.tma_q.with(s.q_full), cta.partition_S(gQ), cta.partition_D(sQ));
+      }
+      for (auto it = detail::BlockIter::first(tile, p.pieces); it.valid();
+           it.advance(p.pieces, kBN), ++blk) {
+        const detail::Ring r = detail::ring<kStages>(blk);
+        const Piece pc = p.pieces[it.piece];
+        if (lane == 0) {
+          Barrier::wait(&s.k_empty[r.stage], r.phase ^ 1);
+          TxBarrier::arrive_and_expect_tx(&s.k_full[r.stage], kBN * kD * sizeof(T));
+          Tensor gK = local_tile(domain_offset(make_coord(it.kb, 0), mK(_, _, hk)),
+                                 Shape<typename C::BN, typename C::HD>{}, make_coord(0, 0));
+          auto cta = kp.tma_k.get_slice(0);
+          copy(kp.tma_k.with(s.k_full[r.stage]), cta.partition_S(gK),
+               cta.partition_D(sK(_, _, r.stage)));
+        }
+        const bool v_edge = it.kb < pc.k0 || it.kb + kBN > pc.k1;
+        if (!v_edge) {
+          if (lane == 0) {
+            Barrier::wait(&s.v_empty[r.stage], r.phase ^ 1);
+            TxBarrier::arrive_and_expect_tx(&s.v_full[r.stage], kBN * kD * sizeof(T));
+            Tensor gV = local_tile(domain_offset(make_coord(it.kb, 0), mV(_, _, hk)),
+                                   Shape<typename C::BN, typename C::HD>{}, make_coord(0, 0));
+            auto cta = kp.tma_v.get_slice(0);
+            copy(kp.tma_v.with(s.v_full[r.stage]), cta.partition_S(gV),
+                 cta.partition_D(sV(_, _, r.stage)));
+          }
+        } else {
+          // Zero-filled copy by the whole warp. These writes are generic-proxy ones into a
+          // buffer that TMA (async proxy) may have filled and wgmma read before: a proxy fence
+          // orders them after those, and another one before the wgmma reads them.
+          // Only lane 0 waits: it has waited on every earlier use of this stage, while the
+          // other lanes skipped the TMA blocks' waits and could mistake an older phase of the
+          // same parity for this one (mbarrier waits are by parity).
+          if (lane == 0) Barrier::wait(&s.v_empty[r.stage], r.phase ^ 1);
+          __syncwarp();
+          cutlass::arch::fence_view_async_shared();
+          detail::warp_load_rows<kBN, kD>(v_all + hk * p.v_head, p.v_row, it.kb, pc.k0, pc.k1,
+                                          [&](int row, int c) { return &sV(row, c, r.stage); },
+                                          lane);
+          cute::cp_async_fence();
+          cute::cp_async_wait<0>();
+          cutlass::arch::fence_view_async_shared();
+          __syncwarp();
+          if (lane == 0) Barrier::arrive(&s.v_full[r.stage]);
+        }
+      }
+    }
+    return;
+  }
+
+  // ------------------------------------------------------------------ consumers
+  cutlass::arch::warpgroup_reg_alloc<C::kConsumerRegs>();
+  const int ctid = tid - 128;            // 0..255 over the two consumer warpgroups
+  const int wg = ctid / 128;             // which 64 rows of the tile
+  const bool leader = ctid % 128 == 0;   // arrives on the empty barriers for its warpgroup
   typename C::MmaQK mma_qk;
   typename C::MmaPV mma_pv;
-  auto thr_qk = mma_qk.get_thread_slice(tid);
-  auto thr_pv = mma_pv.get_thread_slice(tid);
-  // The wgmma descriptor fragments are made where they are used (below), so that they are
-  // recomputed from the smem base instead of holding ~100 registers across the loop.
+  auto thr_qk = mma_qk.get_thread_slice(ctid);
+  auto thr_pv = mma_pv.get_thread_slice(ctid);
   // P as the A operand: per k-step of 16 keys, (column pair, row + 8, column + 8), which is
   // the S accumulator's own order, so element i of tOrP is element i of tSrS.
   Tensor tOrP = make_tensor<T>(Layout<Shape<Shape<_2, _2, _2>, _1, Int<kBN / 16>>>{});
@@ -219,78 +384,43 @@ __global__ void __launch_bounds__(256, 1) ffa_fwd_kernel(const __grid_constant__
   constexpr int kRows = decltype(size<0>(S))::value;
   static_assert(kRows == decltype(size<0>(O))::value);
 
-  const T* q_all = static_cast<const T*>(p.q);
-  const T* k_all = static_cast<const T*>(p.k);
-  const T* v_all = static_cast<const T*>(p.v);
-  const int group = p.heads_q / p.heads_kv;
   const bool capped = p.softcap > 0.f;
   // Units of S and m: raw q.k (no softcap, positive scale: the max commutes with the scale) or
   // log2 units, rewritten per element (softcap, or a negative scale); su maps to log2 units.
   const bool rewrite = capped || p.scale < 0.f;
   const float su = rewrite ? 1.f : p.scale * kLog2e;
-  const std::int64_t num_items = std::int64_t(p.num_tiles) * p.heads_q;
 
-  while (true) {
-    if (tid == 0) s.next_item = atomicAdd(p.counter, 1);
-    __syncthreads();
-    const std::int64_t item = s.next_item;
+  // Scheduler barriers: warpgroup w waits on 1 + w before issuing its products and then lets
+  // the other one go; warpgroup 0 goes first.
+  const int my_bar = 1 + wg, other_bar = 2 - wg;
+  if (wg == 1) detail::named_arrive(1, C::kConsumerThreads);
+
+  int blk = 0;
+  for (int n = 0;; ++n) {
+    const detail::Ring slot = detail::ring<2>(n);
+    Barrier::wait(&s.item_full[slot.stage], slot.phase);
+    const std::int64_t item = s.item[slot.stage];
+    __syncwarp();  // every lane has read the slot before its warp hands it back
+    if (ctid % 32 == 0) Barrier::arrive(&s.item_empty[slot.stage]);
     if (item >= num_items) break;
-    // Tile-major (each tile's heads together, tiles heavy first). Head-major order measured
-    // the same on the H200 (docs/benchmarks.md): K/V reuse in L2 is not the limit here.
     const Tile tile = p.tiles[item / p.heads_q];
-    const int h = int(item % p.heads_q), hk = h / group;
+    const int h = int(item % p.heads_q);
     const int q0 = tile.q_start;
-    const T* qh = q_all + h * p.q_head;
-    const T* kh = k_all + hk * p.k_head;
-    const T* vh = v_all + hk * p.v_head;
-
-    detail::load_rows<kBM, kD, kThreads>(qh, p.q_row, q0, 0, p.num_q,
-                               [&](int r, int c) { return &sQ(r, c); }, tid);
-    cute::cp_async_fence();
+    const int r0 = q0 + 64 * wg;  // this warpgroup's first row
 
     float m[kRows], l[kRows], mraw[kRows];
     CUTE_UNROLL
     for (int i = 0; i < kRows; ++i) m[i] = -INFINITY, l[i] = 0.f, mraw[i] = -INFINITY;
     clear(tOrO);
 
-    auto load_kv = [&](const detail::BlockIter& it, int stage) {
-      const Piece pc = p.pieces[it.piece];
-      detail::load_rows<kBN, kD, kThreads>(kh, p.k_row, it.kb, pc.k0, pc.k1,
-                                 [&](int r, int c) { return &sK(r, c, stage); }, tid);
-      detail::load_rows<kBN, kD, kThreads>(vh, p.v_row, it.kb, pc.k0, pc.k1,
-                                 [&](int r, int c) { return &sVt(c, r, stage); }, tid);
-      cute::cp_async_fence();
-    };
-
-    detail::BlockIter it{tile.piece_begin, tile.piece_end,
-                         tile.piece_begin < tile.piece_end ? p.pieces[tile.piece_begin].k0 : 0};
-    if (it.valid()) load_kv(it, 0);
-    for (int j = 0; it.valid(); ++j) {
-      const int stage = j & 1;
-      detail::BlockIter next = it;
-      next.advance(p.pieces, kBN);
-      __syncthreads();  // every warp is done with the other stage's K/V
-      if (next.valid()) {
-        load_kv(next, stage ^ 1);
-        cute::cp_async_wait<1>();
-      } else {
-        cute::cp_async_wait<0>();
-      }
-      cutlass::arch::fence_view_async_shared();
-      __syncthreads();
-
-      {
-        Tensor tSrQ = thr_qk.partition_fragment_A(sQ);
-        detail::wg_gemm(mma_qk, tSrQ, thr_qk.partition_fragment_B(sK(_, _, stage)), tSrS, true);
-      }
-
-      // Mask (only blocks a piece's corners do not cover), cap, and fold the block into the
-      // running max and sum. S stays in raw dot-product units unless softcap rewrites it in
-      // log2 units; m is kept in the same units and `su` turns either into log2 units.
+    // Mask the block (only when a piece's corners do not cover this warpgroup's 64 rows), cap,
+    // and fold it into the running max; S becomes P (unnormalised, fp32) and corr[i] the
+    // factor that O's row i needs.
+    auto softmax = [&](const detail::BlockIter& it, float (&corr)[kRows]) {
       const Piece pc = p.pieces[it.piece];
       const int kb = it.kb;
-      const bool full = q0 >= pc.q0 && q0 + kBM <= pc.q1 && kb >= pc.k0 && kb + kBN <= pc.k1 &&
-                        kb - (q0 + kBM - 1) >= pc.lo && kb + kBN - 1 - q0 <= pc.hi;
+      const bool full = r0 >= pc.q0 && r0 + 64 <= pc.q1 && kb >= pc.k0 && kb + kBN <= pc.k1 &&
+                        kb - (r0 + 63) >= pc.lo && kb + kBN - 1 - r0 <= pc.hi;
       if (!full) {
         CUTE_UNROLL
         for (int i = 0; i < kRows; ++i) {
@@ -325,24 +455,84 @@ __global__ void __launch_bounds__(256, 1) ffa_fwd_kernel(const __grid_constant__
         mx = detail::quad_max(mx);
         const float m_new = fmaxf(m[i], mx);
         const float m_use = m_new == -INFINITY ? 0.f : m_new * su;  // log2 units
-        const float corr = exp2f(m[i] * su - m_use);               // 0 when m[i] is -inf
+        corr[i] = exp2f(m[i] * su - m_use);                         // 0 when m[i] is -inf
         m[i] = m_new;
-        l[i] *= corr;
-        CUTE_UNROLL
-        for (int jj = 0; jj < size<1>(O); ++jj) O(i, jj) *= corr;
+        float sum = 0.f;
         CUTE_UNROLL
         for (int jj = 0; jj < size<1>(S); ++jj) {
           const float pv = exp2f(fmaf(S(i, jj), su, -m_use));
           S(i, jj) = pv;
-          l[i] += pv;
+          sum += pv;
         }
+        l[i] = l[i] * corr[i] + sum;
+      }
+    };
+    auto rescale_and_convert = [&](const float (&corr)[kRows]) {
+      CUTE_UNROLL
+      for (int i = 0; i < kRows; ++i) {
+        CUTE_UNROLL
+        for (int jj = 0; jj < size<1>(O); ++jj) O(i, jj) *= corr[i];
       }
       CUTE_UNROLL
       for (int e = 0; e < size(tSrS); ++e) tOrP(e) = T(tSrS(e));
-      detail::wg_gemm<true>(mma_pv, tOrP, thr_pv.partition_fragment_B(sVt(_, _, stage)), tOrO,
-                            false);
-      it = next;
+    };
+    // The wgmma descriptors are rebuilt from an opaque smem base per block: held across the
+    // loop, Q's 8 descriptors did not fit beside S, P and O and spilled.
+    auto issue_qk = [&](int stage) {
+      T* q_base = s.q;
+      asm volatile("" : "+l"(q_base));
+      Tensor tSrQ = thr_qk.partition_fragment_A(make_tensor(make_smem_ptr(q_base), typename C::LayoutQ{}));
+      detail::wg_gemm_issue(mma_qk, tSrQ, thr_qk.partition_fragment_B(sK(_, _, stage)), tSrS,
+                            true);
+    };
+    auto issue_pv = [&](int stage) {
+      detail::wg_gemm_issue<true>(mma_pv, tOrP, thr_pv.partition_fragment_B(sVt(_, _, stage)),
+                                  tOrO, false);
+    };
+
+    TxBarrier::wait(&s.q_full, n & 1);
+    auto it = detail::BlockIter::first(tile, p.pieces);
+    if (it.valid()) {
+      float corr[kRows];
+      detail::Ring r = detail::ring<kStages>(blk);
+      TxBarrier::wait(&s.k_full[r.stage], r.phase);
+      detail::named_sync(my_bar, C::kConsumerThreads);
+      issue_qk(r.stage);
+      detail::named_arrive(other_bar, C::kConsumerThreads);
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tSrS);
+      if (leader) Barrier::arrive(&s.k_empty[r.stage]);
+      softmax(it, corr);
+      rescale_and_convert(corr);
+      detail::Ring prev = r;  // the block whose P V is pending
+      it.advance(p.pieces, kBN), ++blk;
+      for (; it.valid(); it.advance(p.pieces, kBN), ++blk) {
+        r = detail::ring<kStages>(blk);
+        TxBarrier::wait(&s.k_full[r.stage], r.phase);
+        detail::named_sync(my_bar, C::kConsumerThreads);
+        issue_qk(r.stage);
+        TxBarrier::wait(&s.v_full[prev.stage], prev.phase);
+        issue_pv(prev.stage);
+        detail::named_arrive(other_bar, C::kConsumerThreads);
+        warpgroup_wait<1>();  // S of this block; P V of the previous one may still run
+        warpgroup_fence_operand(tSrS);
+        if (leader) Barrier::arrive(&s.k_empty[r.stage]);
+        softmax(it, corr);
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tOrO);
+        warpgroup_fence_operand(tOrP);
+        if (leader) Barrier::arrive(&s.v_empty[prev.stage]);
+        rescale_and_convert(corr);
+        prev = r;
+      }
+      TxBarrier::wait(&s.v_full[prev.stage], prev.phase);
+      issue_pv(prev.stage);
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tOrO);
+      warpgroup_fence_operand(tOrP);
+      if (leader) Barrier::arrive(&s.v_empty[prev.stage]);
     }
+    if (leader) Barrier::arrive(&s.q_empty);
 
     // Epilogue: normalise, sink, merge with a given partial result, store.
     CUTE_UNROLL
@@ -381,7 +571,7 @@ __global__ void __launch_bounds__(256, 1) ffa_fwd_kernel(const __grid_constant__
         if (p.accumulate) x += keep * static_cast<const float*>(p.out)[idx];
         detail::store(p.out, idx, p.out_type, x);
       }
-      if ((tid & 3) == 0) *lse_ptr = lse;
+      if ((ctid & 3) == 0) *lse_ptr = lse;
     }
     if (p.max_logits != nullptr) {
       float mr = -INFINITY;
@@ -389,15 +579,14 @@ __global__ void __launch_bounds__(256, 1) ffa_fwd_kernel(const __grid_constant__
       for (int i = 0; i < kRows; ++i)  // without a cap, m is the raw max itself
         mr = fmaxf(mr, rewrite ? mraw[i] : (m[i] == -INFINITY ? -INFINITY : m[i] * p.scale));
       for (int off = 16; off > 0; off >>= 1) mr = fmaxf(mr, __shfl_xor_sync(0xffffffff, mr, off));
-      if ((tid & 31) == 0 && mr != -INFINITY) detail::atomic_max(p.max_logits + h, mr);
+      if ((ctid & 31) == 0 && mr != -INFINITY) detail::atomic_max(p.max_logits + h, mr);
     }
-    cute::cp_async_wait<0>();  // a tile without key blocks never waited for its Q load
-    __syncthreads();           // sQ and next_item are reused by the next item
   }
 }
 
-// Launches the kernel on as many persistent CTAs as fit (at most max_ctas; the SMs left after
-// sm_margin times the CTAs per SM); defined per instantiation, fwd_inst.cu.in.
+// Builds the TMA descriptors and launches the kernel on as many persistent CTAs as fit (at
+// most max_ctas; the SMs left after sm_margin times the CTAs per SM); defined per
+// instantiation, fwd_inst.cu.in.
 template <class T, int kD>
 cudaError_t launch_forward(const FwdParams& p, int sms, std::int64_t max_ctas,
                            cudaStream_t stream);
