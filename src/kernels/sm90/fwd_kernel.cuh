@@ -45,7 +45,8 @@ struct FwdConfig {
   static constexpr int kBlockN = fwd_block_n(kD);
   static constexpr int kConsumerThreads = 256;  // 2 warpgroups, 64 rows each
   static constexpr int kThreads = 128 + kConsumerThreads;
-  static constexpr int kStages = 2;
+  // K/V ring depth: 3 where it fits in the 227 KB of shared memory (D 256 takes 2).
+  static constexpr int kStages = kD * (kBlockM + 3 * 2 * kBlockN) * int(sizeof(T)) <= 224 * 1024 ? 3 : 2;
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;  // 24 + 2 * 240 = 504 <= 512
   using BM = cute::Int<kBlockM>;
   using BN = cute::Int<kBlockN>;
@@ -89,7 +90,11 @@ struct FwdConfig {
     alignas(8) cute::uint64_t q_full, q_empty;
     cute::uint64_t k_full[kStages], k_empty[kStages], v_full[kStages], v_empty[kStages];
     cute::uint64_t item_full[2], item_empty[2];
+    // V blocks that straddle a piece's key range: the producer posts a job, the fixer warp
+    // zeroes the rows past the range once TMA has landed and arrives on v_ready.
+    cute::uint64_t v_ready[kStages], job_full[2], job_empty[2];
     std::int64_t item[2];
+    int job[2][3];  // stage (-1: stop), v_full parity, first row to zero
   };
   // Slack to align the dynamic shared memory to the 1024-byte swizzle period.
   static constexpr int kSmemBytes = int(sizeof(Smem)) + 1024;
@@ -168,25 +173,6 @@ __device__ inline void named_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
-// Rows [row0, row0 + kRows) of one head into shared memory by one warp, 16 bytes per
-// cp.async; rows outside [lo, hi) are zero-filled by the copy itself (source size 0, reading
-// row lo, which is valid). dst(r, c) is the smem address of row r, column c.
-template <int kRows, int kD, class T, class Dst>
-__device__ void warp_load_rows(const T* base, std::int64_t row_stride, int row0, int lo, int hi,
-                               Dst dst, int lane) {
-  constexpr int kChunks = kD / 8;
-#pragma unroll 1
-  for (int i = lane; i < kRows * kChunks; i += 32) {
-    const int r = i / kChunks, c = (i % kChunks) * 8;
-    const int g = row0 + r;
-    const bool inside = g >= lo && g < hi;
-    const T* src = base + std::int64_t(inside ? g : lo) * row_stride + c;
-    const unsigned d = unsigned(__cvta_generic_to_shared(dst(r, c)));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
-                 "r"(inside ? 16 : 0));
-  }
-}
-
 // A warpgroup issues its wgmma for C (+)= A B over the K mode as one batch (not waited for).
 // kRegA: A is a register fragment (RS), fenced like the accumulator.
 template <bool kRegA = false, class Mma, class A, class B, class C>
@@ -219,6 +205,12 @@ struct BlockIter {
     return {t.piece_begin, t.piece_end, t.piece_begin < t.piece_end ? pieces[t.piece_begin].k0 : 0};
   }
 };
+
+// A V block with rows past its piece's key range: those rows are zeroed before the P V
+// product (kb never starts before the piece's k0).
+__device__ inline bool v_edge(const BlockIter& it, const Piece& pc, int block_n) {
+  return it.kb + block_n > pc.k1;
+}
 
 // Ring position of the n-th use of a buffer with `stages` copies: its stage, and the parity
 // the consumer waits for (the producer waits for the other one: a fresh mbarrier's previous
@@ -268,7 +260,10 @@ __global__ void __launch_bounds__(FwdConfig<T, kD>::kThreads, 1)
       Barrier::init(&s.k_empty[i], 2);
       Barrier::init(&s.v_empty[i], 2);
     }
+    for (int i = 0; i < kStages; ++i) Barrier::init(&s.v_ready[i], 1);
     for (int i = 0; i < 2; ++i) {
+      Barrier::init(&s.job_full[i], 1);
+      Barrier::init(&s.job_empty[i], 1);
       Barrier::init(&s.item_full[i], 1);
       Barrier::init(&s.item_empty[i], C::kConsumerThreads / 32);
     }
@@ -279,8 +274,41 @@ __global__ void __launch_bounds__(FwdConfig<T, kD>::kThreads, 1)
   if (warpgroup == 0) {
     // ---------------------------------------------------------------- producer
     cutlass::arch::warpgroup_reg_dealloc<C::kProducerRegs>();
-    if (tid >= 32) return;
-    const int lane = tid;
+    const int lane = tid % 32;
+    if (tid >= 64) return;
+    if (tid >= 32) {
+      // The fixer warp: for each posted job, wait for the V block's TMA, zero its rows past
+      // the piece (generic-proxy stores over what the async proxy wrote: the mbarrier wait
+      // orders them after it, the proxy fence orders the wgmma reads after them).
+      Tensor sV = make_tensor(make_smem_ptr(s.v), typename C::LayoutV{});
+      for (int j = 0;; ++j) {
+        const detail::Ring slot = detail::ring<2>(j);
+        Barrier::wait(&s.job_full[slot.stage], slot.phase);
+        const int stage = s.job[slot.stage][0];
+        if (stage < 0) break;
+        TxBarrier::wait(&s.v_full[stage], unsigned(s.job[slot.stage][1]));
+        constexpr int kChunks = kD / 8;
+#pragma unroll 1
+        for (int i = s.job[slot.stage][2] * kChunks + lane; i < kBN * kChunks; i += 32)
+          *reinterpret_cast<uint4*>(&sV(i / kChunks, (i % kChunks) * 8, stage)) = uint4{0, 0, 0, 0};
+        cutlass::arch::fence_view_async_shared();
+        __syncwarp();
+        if (lane == 0) {
+          Barrier::arrive(&s.v_ready[stage]);
+          Barrier::arrive(&s.job_empty[slot.stage]);
+        }
+      }
+      return;
+    }
+    int jobs = 0;  // jobs posted to the fixer
+    auto post_job = [&](int stage, unsigned phase, int first_row) {
+      const detail::Ring slot = detail::ring<2>(jobs++);
+      Barrier::wait(&s.job_empty[slot.stage], slot.phase ^ 1);
+      s.job[slot.stage][0] = stage;
+      s.job[slot.stage][1] = int(phase);
+      s.job[slot.stage][2] = first_row;
+      Barrier::arrive(&s.job_full[slot.stage]);
+    };
     if (lane == 0) {
       prefetch_tma_descriptor(kp.tma_q.get_tma_descriptor());
       prefetch_tma_descriptor(kp.tma_k.get_tma_descriptor());
@@ -289,7 +317,6 @@ __global__ void __launch_bounds__(FwdConfig<T, kD>::kThreads, 1)
     Tensor mQ = kp.tma_q.get_tma_tensor(make_shape(p.num_q, kD, p.heads_q));
     Tensor mK = kp.tma_k.get_tma_tensor(make_shape(std::max(p.num_k, 1), kD, p.heads_kv));
     Tensor mV = kp.tma_v.get_tma_tensor(make_shape(std::max(p.num_k, 1), kD, p.heads_kv));
-    const T* v_all = static_cast<const T*>(p.v);
     int blk = 0;  // key blocks loaded so far (the ring position)
     for (int n = 0;; ++n) {
       std::int64_t item = 0;
@@ -301,7 +328,10 @@ __global__ void __launch_bounds__(FwdConfig<T, kD>::kThreads, 1)
         s.item[slot.stage] = item;
         Barrier::arrive(&s.item_full[slot.stage]);
       }
-      if (item >= num_items) break;
+      if (item >= num_items) {
+        if (lane == 0) post_job(-1, 0, 0);
+        break;
+      }
       const Tile tile = p.tiles[item / p.heads_q];
       const int h = int(item % p.heads_q), hk = h / group;
       if (lane == 0) {
@@ -325,35 +355,15 @@ __global__ void __launch_bounds__(FwdConfig<T, kD>::kThreads, 1)
           copy(kp.tma_k.with(s.k_full[r.stage]), cta.partition_S(gK),
                cta.partition_D(sK(_, _, r.stage)));
         }
-        const bool v_edge = it.kb < pc.k0 || it.kb + kBN > pc.k1;
-        if (!v_edge) {
-          if (lane == 0) {
-            Barrier::wait(&s.v_empty[r.stage], r.phase ^ 1);
-            TxBarrier::arrive_and_expect_tx(&s.v_full[r.stage], kBN * kD * sizeof(T));
-            Tensor gV = local_tile(domain_offset(make_coord(it.kb, 0), mV(_, _, hk)),
-                                   Shape<typename C::BN, typename C::HD>{}, make_coord(0, 0));
-            auto cta = kp.tma_v.get_slice(0);
-            copy(kp.tma_v.with(s.v_full[r.stage]), cta.partition_S(gV),
-                 cta.partition_D(sV(_, _, r.stage)));
-          }
-        } else {
-          // Zero-filled copy by the whole warp. These writes are generic-proxy ones into a
-          // buffer that TMA (async proxy) may have filled and wgmma read before: a proxy fence
-          // orders them after those, and another one before the wgmma reads them.
-          // Only lane 0 waits: it has waited on every earlier use of this stage, while the
-          // other lanes skipped the TMA blocks' waits and could mistake an older phase of the
-          // same parity for this one (mbarrier waits are by parity).
-          if (lane == 0) Barrier::wait(&s.v_empty[r.stage], r.phase ^ 1);
-          __syncwarp();
-          cutlass::arch::fence_view_async_shared();
-          detail::warp_load_rows<kBN, kD>(v_all + hk * p.v_head, p.v_row, it.kb, pc.k0, pc.k1,
-                                          [&](int row, int c) { return &sV(row, c, r.stage); },
-                                          lane);
-          cute::cp_async_fence();
-          cute::cp_async_wait<0>();
-          cutlass::arch::fence_view_async_shared();
-          __syncwarp();
-          if (lane == 0) Barrier::arrive(&s.v_full[r.stage]);
+        if (lane == 0) {
+          Barrier::wait(&s.v_empty[r.stage], r.phase ^ 1);
+          TxBarrier::arrive_and_expect_tx(&s.v_full[r.stage], kBN * kD * sizeof(T));
+          Tensor gV = local_tile(domain_offset(make_coord(it.kb, 0), mV(_, _, hk)),
+                                 Shape<typename C::BN, typename C::HD>{}, make_coord(0, 0));
+          auto cta = kp.tma_v.get_slice(0);
+          copy(kp.tma_v.with(s.v_full[r.stage]), cta.partition_S(gV),
+               cta.partition_D(sV(_, _, r.stage)));
+          if (detail::v_edge(it, pc, kBN)) post_job(r.stage, r.phase, pc.k1 - it.kb);
         }
       }
     }
@@ -396,6 +406,7 @@ __global__ void __launch_bounds__(FwdConfig<T, kD>::kThreads, 1)
   if (wg == 1) detail::named_arrive(1, C::kConsumerThreads);
 
   int blk = 0;
+  unsigned ready_phases = 0;
   for (int n = 0;; ++n) {
     const detail::Ring slot = detail::ring<2>(n);
     Barrier::wait(&s.item_full[slot.stage], slot.phase);
@@ -490,6 +501,20 @@ __global__ void __launch_bounds__(FwdConfig<T, kD>::kThreads, 1)
                                   tOrO, false);
     };
 
+    // V of a block is ready when its TMA landed, or, for a block the fixer zeroes rows of,
+    // when the fixer is done (v_ready advances only on those blocks: a bit per stage).
+    auto wait_v = [&](const detail::Ring& r, bool edge) {
+      if (edge) {
+        Barrier::wait(&s.v_ready[r.stage], (ready_phases >> r.stage) & 1u);
+        ready_phases ^= 1u << r.stage;
+      } else {
+        TxBarrier::wait(&s.v_full[r.stage], r.phase);
+      }
+    };
+    auto is_edge = [&](const detail::BlockIter& it) {
+      return detail::v_edge(it, p.pieces[it.piece], kBN);
+    };
+
     TxBarrier::wait(&s.q_full, n & 1);
     auto it = detail::BlockIter::first(tile, p.pieces);
     if (it.valid()) {
@@ -505,13 +530,14 @@ __global__ void __launch_bounds__(FwdConfig<T, kD>::kThreads, 1)
       softmax(it, corr);
       rescale_and_convert(corr);
       detail::Ring prev = r;  // the block whose P V is pending
+      bool prev_edge = is_edge(it);
       it.advance(p.pieces, kBN), ++blk;
       for (; it.valid(); it.advance(p.pieces, kBN), ++blk) {
         r = detail::ring<kStages>(blk);
         TxBarrier::wait(&s.k_full[r.stage], r.phase);
         detail::named_sync(my_bar, C::kConsumerThreads);
         issue_qk(r.stage);
-        TxBarrier::wait(&s.v_full[prev.stage], prev.phase);
+        wait_v(prev, prev_edge);
         issue_pv(prev.stage);
         detail::named_arrive(other_bar, C::kConsumerThreads);
         warpgroup_wait<1>();  // S of this block; P V of the previous one may still run
@@ -524,8 +550,9 @@ __global__ void __launch_bounds__(FwdConfig<T, kD>::kThreads, 1)
         if (leader) Barrier::arrive(&s.v_empty[prev.stage]);
         rescale_and_convert(corr);
         prev = r;
+        prev_edge = is_edge(it);
       }
-      TxBarrier::wait(&s.v_full[prev.stage], prev.phase);
+      wait_v(prev, prev_edge);
       issue_pv(prev.stage);
       warpgroup_wait<0>();
       warpgroup_fence_operand(tOrO);
