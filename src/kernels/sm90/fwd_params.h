@@ -10,7 +10,7 @@ namespace magi::kernels::sm90 {
 
 enum class OutType : std::int32_t { kBF16, kF16, kF32 };
 
-// CTA tile, shared by the host (work list tiles) and the kernel: 128 query rows on 2
+// CTA tile, shared by the host (work list tiles) and the kernel: 128 query rows on 2 consumer
 // warpgroups, key blocks of 128 (64 above D 128). A 64-row tile on one warpgroup with 2 CTAs
 // per SM was measured slower at D 128 and equal at D 64 (docs/benchmarks.md).
 constexpr int kFwdBlockM = 128;
