@@ -3,9 +3,10 @@
 // every key block of every piece the tile sees.
 //
 // Per CTA, three warpgroups with different jobs (warp specialisation):
-// - the producer (warpgroup 0, one warp, 24 registers after setmaxnreg) takes the next item
-//   from the counter and hands it to the consumers through shared memory, loads the Q tile
-//   and a ring of K and V blocks with TMA, each stage guarded by a full and an empty mbarrier;
+// - warpgroup 0 gives its registers away (24 each, setmaxnreg) and runs two warps: the
+//   producer takes the next item from the counter, hands it to the consumers through shared
+//   memory and loads the Q tile and a ring of K and V blocks with TMA, each stage guarded by a
+//   full and an empty mbarrier; the fixer zeroes V rows past a piece's key range (below);
 // - two consumer warpgroups (240 registers each) own 64 query rows each of the 128-row tile.
 //   S = Q K^T is wgmma with both operands in shared memory; O += P V is wgmma with P in
 //   registers (the S accumulator's layout is the A fragment's).
@@ -16,10 +17,15 @@
 //
 // Masking: element masks run only on blocks whose corners a piece does not cover; rows
 // outside the piece, keys outside [k0, k1) and cells off the band are -inf (whatever K holds
-// there). V rows outside the piece are never multiplied by a non-zero P, but 0 * NaN is NaN,
-// so a V block that straddles a piece's key range is not loaded with TMA: the producer warp
-// copies it with cp.async, zero-filling the rows outside (a NaN or inf in an unseen V row
-// cannot leak into a visible output). Rows past the tensor's end are TMA's zero fill.
+// there). V rows outside the piece are never multiplied by a non-zero P, but 0 * NaN is NaN:
+// for a V block that runs past its piece's k1 the producer posts a job, the fixer warp waits
+// for the block's TMA, zeroes the rows past k1 and only then releases it to the consumers
+// (v_ready), so a NaN or inf in an unseen V row cannot leak into a visible output, and the
+// producer never waits for it. Rows past the tensor's end are TMA's zero fill.
+//
+// mbarrier waits go by phase parity: a thread may wait only on a phase right after one it has
+// itself seen complete (or one that cannot be two phases ahead), so only the thread that
+// waited on every earlier use of a buffer waits on it, and its warp follows it.
 #pragma once
 
 #include <cuda_runtime.h>
