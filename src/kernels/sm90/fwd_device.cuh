@@ -1,0 +1,132 @@
+// Device-side helpers of the sm90 forward (fwd_kernel.cuh): accumulator views, quad
+// reductions, the LSE merge, output stores, named barriers, the wgmma issue, the walk over a
+// tile's key blocks and the mbarrier ring position.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cute/tensor.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+
+#include "fwd_params.h"
+
+namespace magi::kernels::sm90 {
+
+namespace detail {
+
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// GMMA accumulator ((2, 2, V), M, N) -> ((2, M), (2, V, N)): this thread's rows, then its
+// columns (mode 0 of the value is a column pair, mode 1 the row 8 below, mode 2 the next 8
+// columns).
+template <class Layout>
+__device__ auto rowcol(Layout l) {
+  using namespace cute;
+  auto v = get<0>(l);
+  return make_layout(make_layout(get<1>(v), get<1>(l)),
+                     make_layout(get<0>(v), get<2>(v), get<2>(l)));
+}
+
+template <class Tensor>
+__device__ auto as_rowcol(Tensor&& t) {
+  return cute::make_tensor(t.data(), rowcol(t.layout()));
+}
+
+// The 4 lanes of a quad hold the same rows.
+__device__ inline float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffff, x, 2));
+}
+__device__ inline float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffff, x, 1);
+  return x + __shfl_xor_sync(0xffffffff, x, 2);
+}
+
+__device__ inline float log_add_exp(float a, float b) {
+  if (a == -INFINITY) return b;
+  if (b == -INFINITY) return a;
+  const float m = fmaxf(a, b);
+  return m + log1pf(expf(-fabsf(a - b)));
+}
+
+// Float max through the integer atomics: non-negative floats order like ints, negative ones
+// reversed like unsigned.
+__device__ inline void atomic_max(float* addr, float v) {
+  if (v >= 0.f)
+    atomicMax(reinterpret_cast<int*>(addr), __float_as_int(v));
+  else
+    atomicMin(reinterpret_cast<unsigned*>(addr), __float_as_uint(v));
+}
+
+__device__ inline void store(void* out, std::int64_t idx, OutType t, float x) {
+  switch (t) {
+    case OutType::kBF16: static_cast<__nv_bfloat16*>(out)[idx] = __float2bfloat16_rn(x); break;
+    case OutType::kF16: static_cast<__half*>(out)[idx] = __float2half_rn(x); break;
+    case OutType::kF32: static_cast<float*>(out)[idx] = x; break;
+  }
+}
+
+// Named barriers of the two consumer warpgroups (0 is __syncthreads).
+__device__ inline void named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ inline void named_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// A warpgroup issues its wgmma for C (+)= A B over the K mode as one batch (not waited for).
+// kRegA: A is a register fragment (RS), fenced like the accumulator.
+template <bool kRegA = false, class Mma, class A, class B, class C>
+__device__ void wg_gemm_issue(Mma& mma, A& a, const B& b, C& c, bool zero_init) {
+  using namespace cute;
+  warpgroup_fence_operand(c);
+  if constexpr (kRegA) warpgroup_fence_operand(a);
+  warpgroup_arrive();
+  mma.accumulate_ = zero_init ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+  CUTE_UNROLL
+  for (int kb = 0; kb < size<2>(a); ++kb) {
+    cute::gemm(mma, a(_, _, kb), b(_, _, kb), c);
+    mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+  warpgroup_commit_batch();
+}
+
+// The (piece, key block) sequence of one tile; producer and consumers walk the same one.
+struct BlockIter {
+  int piece, end, kb;
+  __device__ bool valid() const { return piece < end; }
+  __device__ void advance(const Piece* pieces, int block_n) {
+    kb += block_n;
+    if (kb >= pieces[piece].k1) {
+      ++piece;
+      if (piece < end) kb = pieces[piece].k0;
+    }
+  }
+  __device__ static BlockIter first(const Tile& t, const Piece* pieces) {
+    return {t.piece_begin, t.piece_end, t.piece_begin < t.piece_end ? pieces[t.piece_begin].k0 : 0};
+  }
+};
+
+// A V block with rows past its piece's key range: those rows are zeroed before the P V
+// product (kb never starts before the piece's k0).
+__device__ inline bool v_edge(const BlockIter& it, const Piece& pc, int block_n) {
+  return it.kb + block_n > pc.k1;
+}
+
+// Ring position of the n-th use of a buffer with `stages` copies: its stage, and the parity
+// the consumer waits for (the producer waits for the other one: a fresh mbarrier's previous
+// phase counts as complete).
+struct Ring {
+  int stage;
+  unsigned phase;
+};
+template <int kStages>
+__device__ Ring ring(int n) {
+  return {n % kStages, unsigned((n / kStages) & 1)};
+}
+
+}  // namespace detail
+
+}  // namespace magi::kernels::sm90
