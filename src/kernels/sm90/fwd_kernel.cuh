@@ -59,7 +59,6 @@ struct FwdConfig {
   using BN = cute::Int<kBlockN>;
   using HD = cute::Int<kD>;
   using AtomK = cute::GMMA::Layout_K_SW128_Atom<T>;
-  using AtomMN = cute::GMMA::Layout_MN_SW128_Atom<T>;
   using LayoutQ = decltype(cute::tile_to_shape(AtomK{}, cute::Shape<BM, HD>{}));
   using LayoutK = decltype(cute::tile_to_shape(AtomK{}, cute::Shape<BN, HD, cute::Int<kStages>>{}));
   // V is stored like K (rows of D, TMA's natural box) and read by the P V product through a
