@@ -10,7 +10,9 @@
 #                        network: the caller provides them)
 #   MAGI_GPU_BUILD_DIR   build directory (default build/gpu)
 #   MAGI_GPU_CMAKE_ARGS  extra configure arguments (word-split)
-#   MAGI_SANITIZE_FILTER gtest filter for the sanitizer runs (default: 3 small cases)
+#   MAGI_SANITIZE_FILTER gtest filter for memcheck and synccheck (default: 3 small cases)
+#   MAGI_RACECHECK_FILTER gtest filter for racecheck (default: the smallest case)
+#   MAGI_SANITIZE_TIMEOUT seconds per sanitizer run (default 300; a timeout counts as a failure)
 # Exit status: non-zero when the build, a test or a sanitizer run fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -57,14 +59,17 @@ filter=${MAGI_SANITIZE_FILTER:-Sm90Forward.RowsThatSeeNothing:Sm90Forward.NanAnd
 # the whole script with it on all three cases did not finish in 10 minutes on the H200, the
 # smallest case alone takes about a minute. So it gets that case only.
 race_filter=${MAGI_RACECHECK_FILTER:-Sm90Forward.NanAndInfInUnseenRowsDoNotLeak}
+sanitize_timeout=${MAGI_SANITIZE_TIMEOUT:-300}  # seconds per tool: a slow one fails, never hangs
 if command -v compute-sanitizer >/dev/null; then
   for tool in memcheck synccheck racecheck; do
     [ "$tool" = racecheck ] && filter=$race_filter
     log="$build/sanitizer_$tool.log"
     rc=0
-    compute-sanitizer --tool "$tool" --error-exitcode 99 "$bin" --gtest_filter="$filter" \
-      >"$log" 2>&1 || rc=$?
-    summary=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -n 1 | sed 's/^=* *//')
+    timeout "$sanitize_timeout" compute-sanitizer --tool "$tool" --error-exitcode 99 "$bin" \
+      --gtest_filter="$filter" >"$log" 2>&1 || rc=$?
+    [ "$rc" -eq 124 ] && echo "[gpu_test] $tool timed out after ${sanitize_timeout} s" >>"$log"
+    summary=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|timed out after' "$log" | tail -n 1 |
+              sed 's/^=* *//' || true)
     tests=$(grep -E '^\[  (PASSED|FAILED)  \]' "$log" | head -n 1 || true)
     echo "[gpu_test] $tool on $filter: ${summary:-no summary} | ${tests:-no gtest result}" \
          "| exit $rc (log $log)"
