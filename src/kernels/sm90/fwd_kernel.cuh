@@ -77,16 +77,19 @@ struct FwdConfig {
                                  cute::GMMA::Major::MN>(),
       WarpGroups{}));
 
-  // TMA views of the global tensors as (rows, D, heads); strides in elements.
+  // A TMA descriptor over a strided (rows, D, heads) tensor (strides in elements), copying
+  // tiles of the smem layout's shape.
   using RowsLayout = cute::Layout<cute::Shape<int, int, int>, cute::Stride<std::int64_t, cute::_1, std::int64_t>>;
-  template <class SmemLayout, class Tile>
-  static auto tma_rows(const T* ptr, RowsLayout l, SmemLayout smem, Tile tile) {
-    return cute::make_tma_copy(cute::SM90_TMA_LOAD{}, cute::make_tensor(cute::make_gmem_ptr(ptr), l),
-                               smem, tile, cute::_1{});
+  template <class SmemLayout>
+  static auto tma_rows(const T* ptr, int rows, int heads, std::int64_t row_stride,
+                       std::int64_t head_stride, SmemLayout smem) {
+    const RowsLayout g(cute::make_shape(rows, kD, heads),
+                       cute::make_stride(row_stride, cute::_1{}, head_stride));
+    return cute::make_tma_copy(cute::SM90_TMA_LOAD{}, cute::make_tensor(cute::make_gmem_ptr(ptr), g),
+                               smem, cute::product_each(cute::shape(smem)), cute::_1{});
   }
-  using TmaQ = decltype(tma_rows(nullptr, RowsLayout{}, LayoutQ{}, cute::Shape<BM, HD>{}));
-  using TmaKV = decltype(tma_rows(nullptr, RowsLayout{}, cute::take<0, 2>(LayoutK{}),
-                                  cute::Shape<BN, HD>{}));
+  using TmaQ = decltype(tma_rows(nullptr, 0, 0, 0, 0, LayoutQ{}));
+  using TmaKV = decltype(tma_rows(nullptr, 0, 0, 0, 0, cute::take<0, 2>(LayoutK{})));
 
   struct Smem {
     alignas(1024) T q[cute::cosize_v<LayoutQ>];
@@ -125,7 +128,7 @@ __global__ void __launch_bounds__(FwdConfig<T, kD>::kThreads, 1)
   using detail::kLog2e;
   using Barrier = cutlass::arch::ClusterBarrier;
   using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
-  constexpr int kBM = C::kBlockM, kBN = C::kBlockN, kStages = C::kStages;
+  constexpr int kBN = C::kBlockN, kStages = C::kStages;
   const FwdParams& p = kp.p;
 
   extern __shared__ char smem_raw[];
@@ -207,6 +210,16 @@ __global__ void __launch_bounds__(FwdConfig<T, kD>::kThreads, 1)
     Tensor mQ = kp.tma_q.get_tma_tensor(make_shape(p.num_q, kD, p.heads_q));
     Tensor mK = kp.tma_k.get_tma_tensor(make_shape(std::max(p.num_k, 1), kD, p.heads_kv));
     Tensor mV = kp.tma_v.get_tma_tensor(make_shape(std::max(p.num_k, 1), kD, p.heads_kv));
+    // One TMA copy of the rows from row0 on of one head into dst (a Q tile or a K/V stage),
+    // completing on `full` with dst's byte count.
+    auto tma_load = [&](const auto& tma, const auto& m, int row0, int head, cute::uint64_t& full,
+                        auto dst) {
+      TxBarrier::arrive_and_expect_tx(&full, unsigned(size(dst) * sizeof(T)));
+      Tensor g = local_tile(domain_offset(make_coord(row0, 0), m(_, _, head)),
+                            product_each(shape(dst)), make_coord(0, 0));
+      auto cta = tma.get_slice(0);
+      copy(tma.with(full), cta.partition_S(g), cta.partition_D(dst));
+    };
     int blk = 0;  // key blocks loaded so far (the ring position)
     for (int n = 0;; ++n) {
       std::int64_t item = 0;
@@ -226,11 +239,7 @@ __global__ void __launch_bounds__(FwdConfig<T, kD>::kThreads, 1)
       const int h = int(item % p.heads_q), hk = h / group;
       if (lane == 0) {
         Barrier::wait(&s.q_empty, (n & 1) ^ 1);
-        TxBarrier::arrive_and_expect_tx(&s.q_full, kBM * kD * sizeof(T));
-        Tensor gQ = local_tile(domain_offset(make_coord(tile.q_start, 0), mQ(_, _, h)),
-                               Shape<typename C::BM, typename C::HD>{}, make_coord(0, 0));
-        auto cta = kp.tma_q.get_slice(0);
-        copy(kp.tma_q.with(s.q_full), cta.partition_S(gQ), cta.partition_D(sQ));
+        tma_load(kp.tma_q, mQ, tile.q_start, h, s.q_full, sQ);
       }
       for (auto it = detail::BlockIter::first(tile, p.pieces); it.valid();
            it.advance(p.pieces, kBN), ++blk) {
@@ -238,21 +247,9 @@ __global__ void __launch_bounds__(FwdConfig<T, kD>::kThreads, 1)
         const Piece pc = p.pieces[it.piece];
         if (lane == 0) {
           Barrier::wait(&s.k_empty[r.stage], r.phase ^ 1);
-          TxBarrier::arrive_and_expect_tx(&s.k_full[r.stage], kBN * kD * sizeof(T));
-          Tensor gK = local_tile(domain_offset(make_coord(it.kb, 0), mK(_, _, hk)),
-                                 Shape<typename C::BN, typename C::HD>{}, make_coord(0, 0));
-          auto cta = kp.tma_k.get_slice(0);
-          copy(kp.tma_k.with(s.k_full[r.stage]), cta.partition_S(gK),
-               cta.partition_D(sK(_, _, r.stage)));
-        }
-        if (lane == 0) {
+          tma_load(kp.tma_k, mK, it.kb, hk, s.k_full[r.stage], sK(_, _, r.stage));
           Barrier::wait(&s.v_empty[r.stage], r.phase ^ 1);
-          TxBarrier::arrive_and_expect_tx(&s.v_full[r.stage], kBN * kD * sizeof(T));
-          Tensor gV = local_tile(domain_offset(make_coord(it.kb, 0), mV(_, _, hk)),
-                                 Shape<typename C::BN, typename C::HD>{}, make_coord(0, 0));
-          auto cta = kp.tma_v.get_slice(0);
-          copy(kp.tma_v.with(s.v_full[r.stage]), cta.partition_S(gV),
-               cta.partition_D(sV(_, _, r.stage)));
+          tma_load(kp.tma_v, mV, it.kb, hk, s.v_full[r.stage], sV(_, _, r.stage));
           if (detail::v_edge(it, pc, kBN)) post_job(r.stage, r.phase, pc.k1 - it.kb);
         }
       }
