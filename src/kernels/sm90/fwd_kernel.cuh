@@ -156,9 +156,9 @@ __global__ void __launch_bounds__(FwdConfig<T, kD>::kThreads, 1)
     for (int i = 0; i < kStages; ++i) Barrier::init(&s.v_ready[i], 1);
     for (int i = 0; i < 2; ++i) {
       Barrier::init(&s.job_full[i], 1);
-      Barrier::init(&s.job_empty[i], 1);
+      Barrier::init(&s.job_empty[i], 32);  // every fixer lane hands its read back
       Barrier::init(&s.item_full[i], 1);
-      Barrier::init(&s.item_empty[i], C::kConsumerThreads / 32);
+      Barrier::init(&s.item_empty[i], C::kConsumerThreads);
     }
     cutlass::arch::fence_barrier_init();
   }
@@ -186,10 +186,8 @@ __global__ void __launch_bounds__(FwdConfig<T, kD>::kThreads, 1)
           *reinterpret_cast<uint4*>(&sV(i / kChunks, (i % kChunks) * 8, stage)) = uint4{0, 0, 0, 0};
         cutlass::arch::fence_view_async_shared();
         __syncwarp();
-        if (lane == 0) {
-          Barrier::arrive(&s.v_ready[stage]);
-          Barrier::arrive(&s.job_empty[slot.stage]);
-        }
+        if (lane == 0) Barrier::arrive(&s.v_ready[stage]);
+        Barrier::arrive(&s.job_empty[slot.stage]);
       }
       return;
     }
@@ -298,8 +296,7 @@ __global__ void __launch_bounds__(FwdConfig<T, kD>::kThreads, 1)
     const detail::Ring slot = detail::ring<2>(n);
     Barrier::wait(&s.item_full[slot.stage], slot.phase);
     const std::int64_t item = s.item[slot.stage];
-    __syncwarp();  // every lane has read the slot before its warp hands it back
-    if (ctid % 32 == 0) Barrier::arrive(&s.item_empty[slot.stage]);
+    Barrier::arrive(&s.item_empty[slot.stage]);  // each thread hands back its own read
     if (item >= num_items) break;
     const Tile tile = p.tiles[item / p.heads_q];
     const int h = int(item % p.heads_q);
