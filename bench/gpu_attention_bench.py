@@ -6,9 +6,16 @@ and FlexAttention (compiled), on the same inputs in one process (SPEC §4).
 
 Shapes: batch 1 (packed), bf16, Hq:Hkv = 32:8 by default. FLOPs = 4 * area * Hq * D, area =
 visible cells of the mask (the same count for every backend). Each timing is the median of
---reps CUDA-event timings of --inner back-to-back calls after warm-up; inputs are shared.
+--reps CUDA-event timings of --inner back-to-back calls after warm-up, the backends' reps
+interleaved; inputs are shared.
 A baseline that cannot express a mask prints '-': SDPA only does full and causal (cuDNN and
 flash); FlexAttention gets every mask through a mask_mod built from the same slices.
+Setup stays outside the timing for every backend, as a training step does it once per batch
+and reuses it across layers: Flex's block mask, and magiattn's ranges as int32 tensors
+(MagiAttention's calling convention). Passing AttnRanges objects and a list of AttnMaskType
+instead costs Python time per call that grows with the slice count (measured 2026-11-30,
+block-sparse 32k, 6007 slices: 5.2 ms per call with objects, 3.3 ms with tensors, 3.1 ms of
+kernel), which would time the interpreter rather than the kernel.
 """
 from __future__ import annotations
 
@@ -26,20 +33,25 @@ SPEC_MASKS = ["full", "causal", "varlen-full", "varlen-causal", "sliding-window"
               "varlen-block-causal", "shared-prefix", "block-sparse"]
 
 
-def time_ms(fn, reps: int, inner: int) -> float:
-    for _ in range(2):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(inner):
+def time_ms(fns: dict, reps: int, inner: int) -> dict:
+    """Median ms per call of each function. The repetitions are interleaved (rep 1 of every
+    backend, then rep 2, ...), so clock and power drift during a row hits all of them alike
+    instead of whichever runs last."""
+    for fn in fns.values():
+        for _ in range(2):
             fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / inner)
-    return statistics.median(times)
+    torch.cuda.synchronize()
+    times = {key: [] for key in fns}
+    for _ in range(reps):
+        for key, fn in fns.items():
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(inner):
+                fn()
+            end.record()
+            torch.cuda.synchronize()
+            times[key].append(start.elapsed_time(end) / inner)
+    return {key: statistics.median(t) for key, t in times.items()}
 
 
 def build_mask(name: str, seqlen: int):
@@ -140,31 +152,34 @@ def main(argv=None) -> int:
             mask = build_mask(name, seqlen)
             flops = 4.0 * mask.area() * hq * d
             tf = lambda ms: flops / (ms * 1e-3) / 1e12
-            qr, kr, types = masks.mask_to_ranges(mask)
-            ours = time_ms(lambda: magiattn.flex_flash_attn_func(
-                q, k, v, q_ranges=qr, k_ranges=kr, attn_type_map=types), args.reps, args.inner)
-            row = {"magiattn": tf(ours)}
+            qr, kr, types = (torch.as_tensor(x, dtype=torch.int32) for x in (
+                mask.q_ranges(), mask.k_ranges(), mask.attn_type_map()))
+            fns = {"magiattn": lambda: magiattn.flex_flash_attn_func(
+                q, k, v, q_ranges=qr, k_ranges=kr, attn_type_map=types)}
             if dense_ok(name):
                 qt, kt, vt = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))
-                causal = name == "causal"
                 for label, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION),
                                        ("flash", SDPBackend.FLASH_ATTENTION)):
-                    try:
+                    def sdpa(backend=backend, causal=name == "causal"):
                         with sdpa_kernel(backend):
-                            ms = time_ms(lambda: F.scaled_dot_product_attention(
-                                qt, kt, vt, is_causal=causal, enable_gqa=hq != hkv),
-                                args.reps, args.inner)
-                        row[label] = tf(ms)
+                            return F.scaled_dot_product_attention(
+                                qt, kt, vt, is_causal=causal, enable_gqa=hq != hkv)
+                    try:
+                        sdpa()
+                        fns[label] = sdpa
                     except RuntimeError as e:  # a backend that refuses the shape
                         print(f"  {label}: {str(e).splitlines()[0][:100]}", file=sys.stderr)
             if not args.no_flex:
                 try:
+                    torch._dynamo.reset()  # one compile per mask, never the recompile limit
                     run = flex_runner(name, mask, q, k, v, hq, hkv)
                     if run is not None:
-                        row["flex"] = tf(time_ms(run, args.reps, args.inner))
+                        run()
+                        fns["flex"] = run
                 except Exception as e:  # noqa: BLE001 - report and go on
                     print(f"  flex: {type(e).__name__}: {str(e).splitlines()[0][:100]}",
                           file=sys.stderr)
+            row = {key: tf(ms) for key, ms in time_ms(fns, args.reps, args.inner).items()}
             cell = lambda key: f"{row[key]:8.1f}" if key in row else f"{'-':>8}"
             ratio = lambda key: f"{row['magiattn'] / row[key]:7.2f}" if key in row else f"{'-':>7}"
             print(f"{name:<22}{seqlen:>7}{100 * mask.area() / seqlen**2:>7.1f}{row['magiattn']:>10.1f}"

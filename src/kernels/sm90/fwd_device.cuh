@@ -34,6 +34,14 @@ __device__ auto as_rowcol(Tensor&& t) {
   return cute::make_tensor(t.data(), rowcol(t.layout()));
 }
 
+// 2^x as one MUFU.EX2 (flushes results below 2^-126 to 0; exp2f adds a range test and two
+// predicated multiplies per element to produce denormals, which a probability never needs).
+__device__ inline float exp2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // The 4 lanes of a quad hold the same rows.
 __device__ inline float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, 1));
@@ -93,26 +101,51 @@ __device__ void wg_gemm_issue(Mma& mma, A& a, const B& b, C& c, bool zero_init) 
   warpgroup_commit_batch();
 }
 
-// The (piece, key block) sequence of one tile; producer and consumers walk the same one.
+// The producer's walk over a tile's key blocks: piece by piece, from each piece's k0 in steps
+// of block_n.
 struct BlockIter {
-  int piece, end, kb;
+  int piece, end, kb, k1;
   __device__ bool valid() const { return piece < end; }
-  __device__ void advance(const Piece* pieces, int block_n) {
+  // To the next block; true when that block starts a new piece (or the walk ended).
+  __device__ bool advance(const Piece* pieces, int block_n) {
     kb += block_n;
-    if (kb >= pieces[piece].k1) {
-      ++piece;
-      if (piece < end) kb = pieces[piece].k0;
-    }
+    if (kb < k1) return false;
+    if (++piece < end) kb = pieces[piece].k0, k1 = pieces[piece].k1;
+    return true;
   }
   __device__ static BlockIter first(const Tile& t, const Piece* pieces) {
-    return {t.piece_begin, t.piece_end, t.piece_begin < t.piece_end ? pieces[t.piece_begin].k0 : 0};
+    const bool any = t.piece_begin < t.piece_end;
+    return {t.piece_begin, t.piece_end, any ? pieces[t.piece_begin].k0 : 0,
+            any ? pieces[t.piece_begin].k1 : 0};
   }
+};
+
+// One key block as the producer hands it to the consumers, in shared memory beside its K
+// stage (written before the stage's K load is posted, read after its k_full wait): the piece
+// (for element masking), the first key and what the consumers need to know about it.
+struct BlockInfo {
+  enum : int {
+    kLast = 1,      // the tile's last block
+    kEdge = 2,      // V rows past the piece's k1: wait for the fixer (v_ready), not v_full
+    kFullRows = 4,  // << warpgroup: the piece covers the block for that warpgroup's 64 rows
+  };
+  Piece pc;
+  int kb, flags;
 };
 
 // A V block with rows past its piece's key range: those rows are zeroed before the P V
 // product (kb never starts before the piece's k0).
-__device__ inline bool v_edge(const BlockIter& it, const Piece& pc, int block_n) {
-  return it.kb + block_n > pc.k1;
+__device__ inline bool v_edge(int kb, const Piece& pc, int block_n) { return kb + block_n > pc.k1; }
+
+// Whether the piece covers every cell of the block for rows [r0, r0 + rows): no element mask.
+__device__ inline bool covers(const Piece& pc, int r0, int rows, int kb, int block_n) {
+  return r0 >= pc.q0 && r0 + rows <= pc.q1 && kb >= pc.k0 && kb + block_n <= pc.k1 &&
+         kb - (r0 + rows - 1) >= pc.lo && kb + block_n - 1 - r0 <= pc.hi;
+}
+
+// Pulls a line into L1 (no register, no wait).
+__device__ inline void prefetch_l1(const void* ptr) {
+  asm volatile("prefetch.global.L1 [%0];" ::"l"(ptr));
 }
 
 // Ring position of the n-th use of a buffer with `stages` copies: its stage, and the parity

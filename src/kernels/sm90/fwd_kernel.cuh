@@ -44,9 +44,13 @@
 #error "the sm90 forward needs the sm_90a target (wgmma): build with CUDA_ARCHITECTURES 90a"
 #endif
 
+#ifndef MAGI_FWD_PREFETCH
+#define MAGI_FWD_PREFETCH 4
+#endif
+
 namespace magi::kernels::sm90 {
 
-template <class T, int kD>
+template <class T, int kD, bool kRewrite>
 struct FwdConfig {
   static constexpr int kBlockM = kFwdBlockM;
   static constexpr int kBlockN = fwd_block_n(kD);
@@ -54,7 +58,9 @@ struct FwdConfig {
   static constexpr int kThreads = 128 + kConsumerThreads;
   // K/V ring depth: 3 where it fits in the 227 KB of shared memory (D 256 takes 2).
   static constexpr int kStages = kD * (kBlockM + 3 * 2 * kBlockN) * int(sizeof(T)) <= 224 * 1024 ? 3 : 2;
-  static constexpr int kProducerRegs = 24, kConsumerRegs = 240;  // 24 + 2 * 240 = 504 <= 512
+  // Key blocks the producer prefetches into L2 ahead of the ring (0: none).
+  static constexpr int kPrefetch = MAGI_FWD_PREFETCH;
+  static constexpr int kProducerRegs = 40, kConsumerRegs = 232;  // 40 + 2 * 232 = 504 <= 512
   using BM = cute::Int<kBlockM>;
   using BN = cute::Int<kBlockN>;
   using HD = cute::Int<kD>;
@@ -104,6 +110,7 @@ struct FwdConfig {
     cute::uint64_t v_ready[kStages], job_full[2], job_empty[2];
     std::int64_t item[2];
     int job[2][3];  // stage (-1: stop), v_full parity, first row to zero
+    detail::BlockInfo info[kStages];  // the block in each K stage (fwd_device.cuh)
   };
   // Slack to align the dynamic shared memory to the 1024-byte swizzle period.
   static constexpr int kSmemBytes = int(sizeof(Smem)) + 1024;
@@ -111,19 +118,19 @@ struct FwdConfig {
 
 // The kernel's one parameter: the plain parameters and the three TMA descriptors (built on
 // the host per call, fwd_inst.cu.in).
-template <class T, int kD>
+template <class T, int kD, bool kRewrite>
 struct FwdKernelParams {
   FwdParams p;
-  typename FwdConfig<T, kD>::TmaQ tma_q;
-  typename FwdConfig<T, kD>::TmaKV tma_k;
-  typename FwdConfig<T, kD>::TmaKV tma_v;
+  typename FwdConfig<T, kD, kRewrite>::TmaQ tma_q;
+  typename FwdConfig<T, kD, kRewrite>::TmaKV tma_k;
+  typename FwdConfig<T, kD, kRewrite>::TmaKV tma_v;
 };
 
-template <class T, int kD>
-__global__ void __launch_bounds__(FwdConfig<T, kD>::kThreads, 1)
-    ffa_fwd_kernel(const __grid_constant__ FwdKernelParams<T, kD> kp) {
+template <class T, int kD, bool kRewrite>
+__global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
+    ffa_fwd_kernel(const __grid_constant__ FwdKernelParams<T, kD, kRewrite> kp) {
   using namespace cute;
-  using C = FwdConfig<T, kD>;
+  using C = FwdConfig<T, kD, kRewrite>;
   using detail::kLn2;
   using detail::kLog2e;
   using Barrier = cutlass::arch::ClusterBarrier;
@@ -150,7 +157,7 @@ __global__ void __launch_bounds__(FwdConfig<T, kD>::kThreads, 1)
     for (int i = 0; i < kStages; ++i) {
       TxBarrier::init(&s.k_full[i], 1);
       TxBarrier::init(&s.v_full[i], 1);
-      Barrier::init(&s.k_empty[i], 2);
+      Barrier::init(&s.k_empty[i], C::kConsumerThreads);  // each reader of info[i] too
       Barrier::init(&s.v_empty[i], 2);
     }
     for (int i = 0; i < kStages; ++i) Barrier::init(&s.v_ready[i], 1);
@@ -218,6 +225,14 @@ __global__ void __launch_bounds__(FwdConfig<T, kD>::kThreads, 1)
       auto cta = tma.get_slice(0);
       copy(tma.with(full), cta.partition_S(g), cta.partition_D(dst));
     };
+    // The same rows, only into L2 (no shared memory, no barrier): K/V blocks a few steps
+    // ahead of the ring, so a mask that reads scattered blocks (block-sparse, beyond L2)
+    // does not wait on DRAM with only kStages loads in flight.
+    auto l2_prefetch = [&](const auto& tma, const auto& m, int row0, int head) {
+      Tensor g = local_tile(domain_offset(make_coord(row0, 0), m(_, _, head)),
+                            Shape<typename C::BN, typename C::HD>{}, make_coord(0, 0));
+      prefetch(tma, tma.get_slice(0).partition_S(g));
+    };
     int blk = 0;  // key blocks loaded so far (the ring position)
     for (int n = 0;; ++n) {
       std::int64_t item = 0;
@@ -239,17 +254,48 @@ __global__ void __launch_bounds__(FwdConfig<T, kD>::kThreads, 1)
         Barrier::wait(&s.q_empty, (n & 1) ^ 1);
         tma_load(kp.tma_q, mQ, tile.q_start, h, s.q_full, sQ);
       }
-      for (auto it = detail::BlockIter::first(tile, p.pieces); it.valid();
-           it.advance(p.pieces, kBN), ++blk) {
-        const detail::Ring r = detail::ring<kStages>(blk);
-        const Piece pc = p.pieces[it.piece];
+      // The walk holds its piece in registers; all lanes pull the next 32 pieces into L1
+      // together whenever it enters a new group of 32 (so a tile of many small pieces does
+      // not wait on a dependent global load per block).
+      auto warm = [&](int piece) {
+        if ((piece - tile.piece_begin) % 32 == 0 && piece + lane < tile.piece_end)
+          detail::prefetch_l1(&p.pieces[piece + lane]);
+      };
+      auto it = detail::BlockIter::first(tile, p.pieces);
+      Piece pc{};
+      if (it.valid()) warm(it.piece), pc = p.pieces[it.piece];
+      // A second walk kPrefetch blocks ahead sends the first block of each piece to L2: a
+      // piece's later blocks follow in order, but the jump to a new piece (block-sparse,
+      // documents beyond L2) would otherwise wait on DRAM with only kStages loads in flight.
+      auto ahead = it;
+      bool ahead_new = false;
+      for (int i = 0; i < C::kPrefetch && ahead.valid(); ++i) ahead_new = ahead.advance(p.pieces, kBN);
+      while (it.valid()) {
+        const detail::Ring r = detail::ring<kStages>(blk++);
+        detail::BlockInfo info{pc, it.kb, 0};
+        const bool new_piece = it.advance(p.pieces, kBN);  // it: the next block
+        if (!it.valid()) info.flags |= detail::BlockInfo::kLast;
+        const bool edge = detail::v_edge(info.kb, pc, kBN);
+        if (edge) info.flags |= detail::BlockInfo::kEdge;
+        for (int w = 0; w < 2; ++w)
+          if (detail::covers(pc, tile.q_start + 64 * w, 64, info.kb, kBN))
+            info.flags |= detail::BlockInfo::kFullRows << w;
+        if (ahead.valid()) {
+          if (ahead_new && lane == 0) {
+            l2_prefetch(kp.tma_k, mK, ahead.kb, hk);
+            l2_prefetch(kp.tma_v, mV, ahead.kb, hk);
+          }
+          ahead_new = ahead.advance(p.pieces, kBN);
+        }
         if (lane == 0) {
           Barrier::wait(&s.k_empty[r.stage], r.phase ^ 1);
-          tma_load(kp.tma_k, mK, it.kb, hk, s.k_full[r.stage], sK(_, _, r.stage));
+          s.info[r.stage] = info;  // published by the K load's arrive (release)
+          tma_load(kp.tma_k, mK, info.kb, hk, s.k_full[r.stage], sK(_, _, r.stage));
           Barrier::wait(&s.v_empty[r.stage], r.phase ^ 1);
-          tma_load(kp.tma_v, mV, it.kb, hk, s.v_full[r.stage], sV(_, _, r.stage));
-          if (detail::v_edge(it, pc, kBN)) post_job(r.stage, r.phase, pc.k1 - it.kb);
+          tma_load(kp.tma_v, mV, info.kb, hk, s.v_full[r.stage], sV(_, _, r.stage));
+          if (edge) post_job(r.stage, r.phase, pc.k1 - info.kb);
         }
+        if (new_piece && it.valid()) warm(it.piece), pc = p.pieces[it.piece];
       }
     }
     return;
@@ -282,7 +328,7 @@ __global__ void __launch_bounds__(FwdConfig<T, kD>::kThreads, 1)
   const bool capped = p.softcap > 0.f;
   // Units of S and m: raw q.k (no softcap, positive scale: the max commutes with the scale) or
   // log2 units, rewritten per element (softcap, or a negative scale); su maps to log2 units.
-  const bool rewrite = capped || p.scale < 0.f;
+  constexpr bool rewrite = kRewrite;  // == fwd_rewrite(p.scale, p.softcap), chosen on the host
   const float su = rewrite ? 1.f : p.scale * kLog2e;
 
   // Scheduler barriers: warpgroup w waits on 1 + w before issuing its products and then lets
@@ -301,7 +347,6 @@ __global__ void __launch_bounds__(FwdConfig<T, kD>::kThreads, 1)
     const Tile tile = p.tiles[item / p.heads_q];
     const int h = int(item % p.heads_q);
     const int q0 = tile.q_start;
-    const int r0 = q0 + 64 * wg;  // this warpgroup's first row
 
     float m[kRows], l[kRows], mraw[kRows];
     CUTE_UNROLL
@@ -311,12 +356,10 @@ __global__ void __launch_bounds__(FwdConfig<T, kD>::kThreads, 1)
     // Mask the block (only when a piece's corners do not cover this warpgroup's 64 rows), cap,
     // and fold it into the running max; S becomes P (unnormalised, fp32) and corr[i] the
     // factor that O's row i needs.
-    auto softmax = [&](const detail::BlockIter& it, float (&corr)[kRows]) {
-      const Piece pc = p.pieces[it.piece];
-      const int kb = it.kb;
-      const bool full = r0 >= pc.q0 && r0 + 64 <= pc.q1 && kb >= pc.k0 && kb + kBN <= pc.k1 &&
-                        kb - (r0 + 63) >= pc.lo && kb + kBN - 1 - r0 <= pc.hi;
-      if (!full) {
+    auto softmax = [&](const detail::BlockInfo& bi, float (&corr)[kRows]) {
+      const Piece& pc = bi.pc;
+      const int kb = bi.kb;
+      if (!(bi.flags & (detail::BlockInfo::kFullRows << wg))) {
         CUTE_UNROLL
         for (int i = 0; i < kRows; ++i) {
           const int q = q0 + get<0>(cS(i, 0));
@@ -330,7 +373,7 @@ __global__ void __launch_bounds__(FwdConfig<T, kD>::kThreads, 1)
           }
         }
       }
-      if (rewrite) {
+      if constexpr (rewrite) {
         CUTE_UNROLL
         for (int i = 0; i < kRows; ++i) {
           CUTE_UNROLL
@@ -342,24 +385,34 @@ __global__ void __launch_bounds__(FwdConfig<T, kD>::kThreads, 1)
           }
         }
       }
+      // Row maxima with 4 independent chains, the quad exchanges of all rows together, then
+      // the exponentials (short dependency chains: this runs under the other warpgroup's GEMMs).
+      constexpr int kCols = decltype(size<1>(S))::value;
+      static_assert(kCols % 4 == 0);
+      float mx[kRows];
       CUTE_UNROLL
       for (int i = 0; i < kRows; ++i) {
-        float mx = -INFINITY;
+        float part[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
         CUTE_UNROLL
-        for (int jj = 0; jj < size<1>(S); ++jj) mx = fmaxf(mx, S(i, jj));
-        mx = detail::quad_max(mx);
-        const float m_new = fmaxf(m[i], mx);
+        for (int jj = 0; jj < kCols; ++jj) part[jj % 4] = fmaxf(part[jj % 4], S(i, jj));
+        mx[i] = fmaxf(fmaxf(part[0], part[1]), fmaxf(part[2], part[3]));
+      }
+      CUTE_UNROLL
+      for (int i = 0; i < kRows; ++i) mx[i] = detail::quad_max(mx[i]);
+      CUTE_UNROLL
+      for (int i = 0; i < kRows; ++i) {
+        const float m_new = fmaxf(m[i], mx[i]);
         const float m_use = m_new == -INFINITY ? 0.f : m_new * su;  // log2 units
-        corr[i] = exp2f(m[i] * su - m_use);                         // 0 when m[i] is -inf
+        corr[i] = detail::exp2_approx(m[i] * su - m_use);           // 0 when m[i] is -inf
         m[i] = m_new;
-        float sum = 0.f;
+        float part[4] = {0.f, 0.f, 0.f, 0.f};
         CUTE_UNROLL
-        for (int jj = 0; jj < size<1>(S); ++jj) {
-          const float pv = exp2f(fmaf(S(i, jj), su, -m_use));
+        for (int jj = 0; jj < kCols; ++jj) {
+          const float pv = detail::exp2_approx(fmaf(S(i, jj), su, -m_use));
           S(i, jj) = pv;
-          sum += pv;
+          part[jj % 4] += pv;
         }
-        l[i] = l[i] * corr[i] + sum;
+        l[i] = l[i] * corr[i] + ((part[0] + part[1]) + (part[2] + part[3]));
       }
     };
     auto rescale_and_convert = [&](const float (&corr)[kRows]) {
@@ -395,30 +448,26 @@ __global__ void __launch_bounds__(FwdConfig<T, kD>::kThreads, 1)
         TxBarrier::wait(&s.v_full[r.stage], r.phase);
       }
     };
-    auto is_edge = [&](const detail::BlockIter& it) {
-      return detail::v_edge(it, p.pieces[it.piece], kBN);
-    };
-
     TxBarrier::wait(&s.q_full, n & 1);
-    auto it = detail::BlockIter::first(tile, p.pieces);
-    if (it.valid()) {
+    if (tile.piece_begin < tile.piece_end) {  // the producer walks the blocks (BlockInfo)
       float corr[kRows];
-      detail::Ring r = detail::ring<kStages>(blk);
+      detail::Ring r = detail::ring<kStages>(blk++);
       TxBarrier::wait(&s.k_full[r.stage], r.phase);
+      detail::BlockInfo bi = s.info[r.stage];
       detail::named_sync(my_bar, C::kConsumerThreads);
       issue_qk(r.stage);
       detail::named_arrive(other_bar, C::kConsumerThreads);
       warpgroup_wait<0>();
       warpgroup_fence_operand(tSrS);
-      if (leader) Barrier::arrive(&s.k_empty[r.stage]);
-      softmax(it, corr);
+      Barrier::arrive(&s.k_empty[r.stage]);
+      softmax(bi, corr);
       rescale_and_convert(corr);
       detail::Ring prev = r;  // the block whose P V is pending
-      bool prev_edge = is_edge(it);
-      it.advance(p.pieces, kBN), ++blk;
-      for (; it.valid(); it.advance(p.pieces, kBN), ++blk) {
-        r = detail::ring<kStages>(blk);
+      bool prev_edge = bi.flags & detail::BlockInfo::kEdge;
+      while (!(bi.flags & detail::BlockInfo::kLast)) {
+        r = detail::ring<kStages>(blk++);
         TxBarrier::wait(&s.k_full[r.stage], r.phase);
+        bi = s.info[r.stage];
         detail::named_sync(my_bar, C::kConsumerThreads);
         issue_qk(r.stage);
         wait_v(prev, prev_edge);
@@ -426,15 +475,15 @@ __global__ void __launch_bounds__(FwdConfig<T, kD>::kThreads, 1)
         detail::named_arrive(other_bar, C::kConsumerThreads);
         warpgroup_wait<1>();  // S of this block; P V of the previous one may still run
         warpgroup_fence_operand(tSrS);
-        if (leader) Barrier::arrive(&s.k_empty[r.stage]);
-        softmax(it, corr);
+        Barrier::arrive(&s.k_empty[r.stage]);
+        softmax(bi, corr);
         warpgroup_wait<0>();
         warpgroup_fence_operand(tOrO);
         warpgroup_fence_operand(tOrP);
         if (leader) Barrier::arrive(&s.v_empty[prev.stage]);
         rescale_and_convert(corr);
         prev = r;
-        prev_edge = is_edge(it);
+        prev_edge = bi.flags & detail::BlockInfo::kEdge;
       }
       wait_v(prev, prev_edge);
       issue_pv(prev.stage);

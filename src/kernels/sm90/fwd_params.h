@@ -14,6 +14,9 @@ enum class OutType : std::int32_t { kBF16, kF16, kF32 };
 // warpgroups, key blocks of 128 (64 above D 128). A 64-row tile on one warpgroup with 2 CTAs
 // per SM was measured slower at D 128 and equal at D 64 (docs/benchmarks.md).
 constexpr int kFwdBlockM = 128;
+// The softmax rewrites S per element (softcap, or a negative scale) in a separate kernel, so
+// the plain one carries none of that code's registers (it runs without spills).
+inline bool fwd_rewrite(float scale, float softcap) { return softcap > 0.f || scale < 0.f; }
 constexpr int fwd_block_n(int head_dim) { return head_dim > 128 ? 64 : 128; }
 
 struct FwdParams {
