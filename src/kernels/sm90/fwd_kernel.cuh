@@ -44,6 +44,8 @@
 #error "the sm90 forward needs the sm_90a target (wgmma): build with CUDA_ARCHITECTURES 90a"
 #endif
 
+// Key blocks the producer's L2 prefetch runs ahead of the ring; a build knob for measuring
+// (-DMAGI_FWD_PREFETCH=0 turns it off; docs/benchmarks.md has the A/B).
 #ifndef MAGI_FWD_PREFETCH
 #define MAGI_FWD_PREFETCH 4
 #endif
