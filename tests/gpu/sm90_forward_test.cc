@@ -753,6 +753,19 @@ TEST(Sm90Forward, MaxLogitsArePreSoftcapMaxima) {
   check(mask, c, 2, "no max_logits");
 }
 
+TEST(Sm90Forward, LogitScalesMoveTheRunningMaxOftenOrOnce) {
+  REQUIRE_GPU();
+  // The kernel rescales O only on blocks that raise a row's running max: large logits (scale
+  // 2, a peaked softmax) raise it on many blocks, tiny ones (0.01) on the first only; a
+  // negative scale takes the rewrite kernel.
+  Case c;
+  for (double scale : {2.0, 0.01, -1.5}) {
+    c.opts.softmax_scale = scale;
+    check_dtypes(masks::causal(1000, 1000), c);
+    check(masks::full(300, 1500), c, 3);
+  }
+}
+
 TEST(Sm90Forward, RowsThatSeeNothing) {
   REQUIRE_GPU();
   // Rows 0-9 in no slice, 10-19 the empty rows of a causal slice with sq > sk, 70-74 an empty
@@ -894,7 +907,9 @@ TEST(Sm90Forward, AccumulateIntoAGivenPartialResult) {
 // q, k, v as views into one packed [N, Hq + 2 Hkv, D] buffer (row stride (Hq + 2 Hkv) D; for
 // MHA this is [N, 3, H, D]), out and lse with padded rows (row strides Hq D + 8 and Hq + 3).
 // Elements outside the out and lse views must stay NaN.
-void check_packed_qkv(const Mask& mask, Case c, const std::string& note) {
+// o_pad: elements between out rows (odd: the kernel cannot store column pairs, it stores
+// each element).
+void check_packed_qkv(const Mask& mask, Case c, const std::string& note, std::int64_t o_pad = 8) {
   if (!built(c.in, c.d)) return;
   const std::string what = describe(c, mask) + " [" + note + "]";
   SCOPED_TRACE(what);
@@ -914,7 +929,7 @@ void check_packed_qkv(const Mask& mask, Case c, const std::string& note) {
   qkv.upload(encode(c.in, image));
   auto* base = static_cast<unsigned char*>(qkv.get());
   const auto at = [&](std::int64_t elems) { return base + elems * dtype_size(c.in); };
-  const std::int64_t o_row = hq * d + 8, l_row = hq + 3;
+  const std::int64_t o_row = hq * d + o_pad, l_row = hq + 3;
   DeviceMem out(std::size_t(n * o_row * dtype_size(c.out))), lse(std::size_t(n * l_row * 4)),
       ml(std::size_t(hq * 4));
   out.fill_nan();
@@ -966,6 +981,8 @@ TEST(Sm90Forward, StridedViewsIntoPackedQkv) {
     c.hkv = 2;
     c.out = DType::kF32;
     check_packed_qkv(testing::random_mask(rng, 500, 500, 8), c, "packed GQA [N, 8 + 2 + 2, D]");
+    c.out = in;
+    check_packed_qkv(docs, c, "odd out row stride", 1);
   }
 }
 

@@ -76,6 +76,22 @@ __device__ inline void store(void* out, std::int64_t idx, OutType t, float x) {
   }
 }
 
+// Two adjacent columns in one store (idx even, the pair aligned: FwdParams::out_pairs).
+__device__ inline void store2(void* out, std::int64_t idx, OutType t, float x0, float x1) {
+  switch (t) {
+    case OutType::kBF16:
+      *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(out) + idx) =
+          __floats2bfloat162_rn(x0, x1);
+      break;
+    case OutType::kF16:
+      *reinterpret_cast<__half2*>(static_cast<__half*>(out) + idx) = __floats2half2_rn(x0, x1);
+      break;
+    case OutType::kF32:
+      *reinterpret_cast<float2*>(static_cast<float*>(out) + idx) = make_float2(x0, x1);
+      break;
+  }
+}
+
 // Named barriers of the two consumer warpgroups (0 is __syncthreads).
 __device__ inline void named_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");

@@ -35,6 +35,7 @@ struct FwdParams {
   float softcap = 0;     // 0: off
   OutType out_type = OutType::kBF16;
   bool accumulate = false;  // out (fp32) and lse hold a partial result to merge with
+  bool out_pairs = false;   // out's strides and pointer let two adjacent columns go as one store
   // Work list on the device, and the persistent scheduler's counter (zeroed per launch).
   const Tile* tiles = nullptr;
   const Piece* pieces = nullptr;
