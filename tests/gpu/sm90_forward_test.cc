@@ -755,9 +755,9 @@ TEST(Sm90Forward, MaxLogitsArePreSoftcapMaxima) {
 
 TEST(Sm90Forward, LogitScalesMoveTheRunningMaxOftenOrOnce) {
   REQUIRE_GPU();
-  // The kernel rescales O only on blocks that raise a row's running max: large logits (scale
-  // 2, a peaked softmax) raise it on many blocks, tiny ones (0.01) on the first only; a
-  // negative scale takes the rewrite kernel.
+  // A row's running max moves on many blocks with large logits (scale 2, a peaked softmax,
+  // where the largest P must stay exactly 1) and on the first block only with tiny ones
+  // (0.01); a negative scale takes the rewrite kernel.
   Case c;
   for (double scale : {2.0, 0.01, -1.5}) {
     c.opts.softmax_scale = scale;

@@ -403,12 +403,10 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
       for (int i = 0; i < kRows; ++i) mx[i] = detail::quad_max(mx[i]);
       CUTE_UNROLL
       for (int i = 0; i < kRows; ++i) {
-        if constexpr (!rewrite) mraw[i] = fmaxf(mraw[i], mx[i]);  // the true max, for max_logits
-        // The running max moves only when the block's max passes it; then corr rescales O
-        // and l, else corr is exactly 1 and the rescale can be skipped. (Letting the max lag
-        // by a slack, as FlashAttention-4 does, skips more rescales but makes the largest P
-        // inexact in bf16: measured 2.1x the naive error on a peaked softmax, over SPEC §5's
-        // 2x, for 1-4% of speed.)
+        // The running max moves only when the block's max passes it (corr rescales O and l),
+        // else corr is exactly 1. (Letting the max lag by a slack, as FlashAttention-4 does,
+        // makes the largest P inexact in bf16: measured 2.1x the naive error on a peaked
+        // softmax, over SPEC §5's 2x, for 1-4% of speed.)
         corr[i] = 1.f;
         if (mx[i] > m[i]) {
           corr[i] = detail::exp2_approx((m[i] - mx[i]) * su);  // 0 when m[i] is -inf
@@ -425,16 +423,13 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
         l[i] = l[i] * corr[i] + ((part[0] + part[1]) + (part[2] + part[3]));
       }
     };
+    // Every block rescales O, even when no row's max moved (corr 1): skipping it behind a
+    // warp vote was measured 6-7% slower at D 64 and even at D 128 (docs/benchmarks.md).
     auto rescale_and_convert = [&](const float (&corr)[kRows]) {
-      bool moved = false;
       CUTE_UNROLL
-      for (int i = 0; i < kRows; ++i) moved |= corr[i] != 1.f;
-      if (__any_sync(0xffffffff, moved)) {  // warp-uniform: mostly skipped past the first blocks
+      for (int i = 0; i < kRows; ++i) {
         CUTE_UNROLL
-        for (int i = 0; i < kRows; ++i) {
-          CUTE_UNROLL
-          for (int jj = 0; jj < size<1>(O); ++jj) O(i, jj) *= corr[i];
-        }
+        for (int jj = 0; jj < size<1>(O); ++jj) O(i, jj) *= corr[i];
       }
       CUTE_UNROLL
       for (int e = 0; e < size(tSrS); ++e) tOrP(e) = T(tSrS(e));
@@ -564,8 +559,8 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
     if (p.max_logits != nullptr) {
       float mr = -INFINITY;
       CUTE_UNROLL
-      for (int i = 0; i < kRows; ++i)  // without a cap, mraw is the max of q.k (unscaled)
-        mr = fmaxf(mr, rewrite ? mraw[i] : (mraw[i] == -INFINITY ? -INFINITY : mraw[i] * p.scale));
+      for (int i = 0; i < kRows; ++i)  // without a cap, m is the raw max itself
+        mr = fmaxf(mr, rewrite ? mraw[i] : (m[i] == -INFINITY ? -INFINITY : m[i] * p.scale));
       for (int off = 16; off > 0; off >>= 1) mr = fmaxf(mr, __shfl_xor_sync(0xffffffff, mr, off));
       if ((ctid & 31) == 0 && mr != -INFINITY) detail::atomic_max(p.max_logits + h, mr);
     }
