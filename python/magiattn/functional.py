@@ -19,7 +19,7 @@ from typing import Any, Optional
 import numpy as np
 
 from . import _C
-from .masks import Mask, _ranges_array, _type_int
+from .masks import _TYPE_TO_INT, Mask, _ranges_array, _type_int
 
 __all__ = ["AttnForwardMeta", "flex_flash_attn_func", "flex_flash_attn_backward", "get_mask",
            "clear_mask_cache"]
@@ -53,7 +53,10 @@ def _type_array(attn_type_map: Any, num_slices: int) -> Optional[np.ndarray]:
     else:
         items = list(np.ravel(attn_type_map)) if isinstance(attn_type_map, np.ndarray) else \
             list(attn_type_map)
-        out = np.array([_type_int(t, i) for i, t in enumerate(items)], dtype=np.int32)
+        try:  # the common case, AttnMaskType members, by table (this runs on every call)
+            out = np.fromiter(map(_TYPE_TO_INT.__getitem__, items), dtype=np.int32, count=len(items))
+        except (KeyError, TypeError):  # names, ints or bad values: one by one, naming the culprit
+            out = np.array([_type_int(t, i) for i, t in enumerate(items)], dtype=np.int32)
     if out.ndim != 1 or out.shape[0] != num_slices:
         raise ValueError(f"attn_type_map: expected [{num_slices}] (one type per slice), got "
                          f"{list(out.shape)}")

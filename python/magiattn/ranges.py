@@ -187,7 +187,10 @@ class AttnRanges:
 
     def to_array(self, dtype: Any = np.int64) -> np.ndarray:
         """``[N, 2]`` integer array (what ``Mask`` and ``flex_flash_attn_func`` take)."""
-        return np.array(self.to_naive_ranges(), dtype=dtype).reshape(len(self._ranges), 2)
+        n = len(self._ranges)  # one pass over the slots, no tuple per range (per-call cost)
+        flat = np.fromiter((x for r in self._ranges for x in (r._start, r._end)), dtype=np.int64,
+                           count=2 * n)
+        return flat.astype(dtype, copy=False).reshape(n, 2)
 
     def to_tensor(self, device: str = "cpu", dtype: Any = None):
         """``[N, 2]`` torch tensor, int32 by default as in MagiAttention (needs torch)."""

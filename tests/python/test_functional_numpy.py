@@ -260,3 +260,15 @@ def test_errors_tensors(rng):
     bad(rng, r"^sink: length 9", sink=np.zeros((9, 4)))
     bad(rng, r"sink layout", sink=np.zeros((2, 4)), sink_layout="hs")
     bad(rng, r"^softcap", softcap=-1.0)
+
+
+def test_type_map_forms_agree():
+    # AttnMaskType members go through a lookup table, other forms one by one: same ints.
+    from magiattn.functional import _type_array
+    T = magiattn.AttnMaskType
+    members = [T.CAUSAL, T.FULL, T.BICAUSAL, T.INVCAUSAL]
+    assert _type_array(members, 4).tolist() == [1, 0, 3, 2]
+    assert _type_array(["causal", 0, T.BICAUSAL, "INV_CAUSAL"], 4).tolist() == [1, 0, 3, 2]
+    assert _type_array(np.array([1, 0], np.int64), 2).dtype == np.int32
+    with pytest.raises(ValueError, match=r"slice 1: mask type 1.5"):
+        _type_array([T.FULL, 1.5], 2)
