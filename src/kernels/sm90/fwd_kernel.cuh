@@ -3,11 +3,14 @@
 // every key block of every piece the tile sees.
 //
 // Per CTA, three warpgroups with different jobs (warp specialisation):
-// - warpgroup 0 gives its registers away (24 each, setmaxnreg) and runs two warps: the
-//   producer takes the next item from the counter, hands it to the consumers through shared
-//   memory and loads the Q tile and a ring of K and V blocks with TMA, each stage guarded by a
-//   full and an empty mbarrier; the fixer zeroes V rows past a piece's key range (below);
-// - two consumer warpgroups (240 registers each) own 64 query rows each of the 128-row tile.
+// - warpgroup 0 gives registers away (40 each, setmaxnreg) and runs two warps: the producer
+//   takes the next item from the counter, hands it to the consumers through shared memory,
+//   walks the tile's pieces and loads the Q tile and a ring of K and V blocks with TMA, each
+//   stage guarded by a full and an empty mbarrier, writing beside each K stage what the
+//   consumers need to know of its block (BlockInfo: piece, first key, last / edge / no-mask
+//   flags), so the consumers never read the work list; the fixer zeroes V rows past a
+//   piece's key range (below);
+// - two consumer warpgroups (232 registers each) own 64 query rows each of the 128-row tile.
 //   S = Q K^T is wgmma with both operands in shared memory; O += P V is wgmma with P in
 //   registers (the S accumulator's layout is the A fragment's).
 // Overlap, as in FlashAttention-3: within a consumer, block j's softmax runs while the tensor
@@ -62,7 +65,9 @@ struct FwdConfig {
   static constexpr int kStages = kD * (kBlockM + 3 * 2 * kBlockN) * int(sizeof(T)) <= 224 * 1024 ? 3 : 2;
   // Key blocks the producer prefetches into L2 ahead of the ring (0: none).
   static constexpr int kPrefetch = MAGI_FWD_PREFETCH;
-  static constexpr int kProducerRegs = 40, kConsumerRegs = 232;  // 40 + 2 * 232 = 504 <= 512
+  // 40 x 128 + 232 x 256 = 64512, the 168 x 384 registers the CTA launches with (the
+  // producer holds its walk and the BlockInfo it writes without spilling at 40).
+  static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
   using BM = cute::Int<kBlockM>;
   using BN = cute::Int<kBlockN>;
   using HD = cute::Int<kD>;
@@ -103,7 +108,9 @@ struct FwdConfig {
     alignas(1024) T q[cute::cosize_v<LayoutQ>];
     alignas(1024) T k[cute::cosize_v<LayoutK>];
     alignas(1024) T v[cute::cosize_v<LayoutV>];
-    // full: the producer's data landed; empty: both consumers are done with the buffer.
+    // full: the producer's data landed; empty: the consumers are done with the buffer (K and
+    // the item slots count every consumer thread, each also hands back its read of info /
+    // item; Q and V one arrival per warpgroup after its wgmma completed).
     alignas(8) cute::uint64_t q_full, q_empty;
     cute::uint64_t k_full[kStages], k_empty[kStages], v_full[kStages], v_empty[kStages];
     cute::uint64_t item_full[2], item_empty[2];
