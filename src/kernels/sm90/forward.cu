@@ -102,7 +102,8 @@ void forward(const Mask& mask, const FwdArgs& a, const Resolved& r, int sm_margi
   }
   if (dm.num_q == 0) return;
 
-  const WorkList w = make_work_list(mask, kFwdBlockM, fwd_block_n(int(dm.head_dim)));
+  const WorkList w = make_work_list(mask, fwd_block_m(int(dm.head_dim)),
+                                    fwd_block_n(int(dm.head_dim)));
   // One allocation: counter, tiles, pieces (each 16-byte aligned).
   const std::size_t tiles_off = 16, tiles_bytes = w.tiles.size() * sizeof(Tile);
   const std::size_t pieces_off = (tiles_off + tiles_bytes + 15) / 16 * 16;

@@ -57,17 +57,22 @@ namespace magi::kernels::sm90 {
 
 template <class T, int kD, bool kRewrite>
 struct FwdConfig {
-  static constexpr int kBlockM = kFwdBlockM;
+  static constexpr int kWarpgroups = fwd_consumer_warpgroups(kD);  // consumers, 64 rows each
+  static constexpr int kBlockM = fwd_block_m(kD);
   static constexpr int kBlockN = fwd_block_n(kD);
-  static constexpr int kConsumerThreads = 256;  // 2 warpgroups, 64 rows each
+  static constexpr int kConsumerThreads = 128 * kWarpgroups;
   static constexpr int kThreads = 128 + kConsumerThreads;
   // K/V ring depth: 3 where it fits in the 227 KB of shared memory (D 256 takes 2).
   static constexpr int kStages = kD * (kBlockM + 3 * 2 * kBlockN) * int(sizeof(T)) <= 224 * 1024 ? 3 : 2;
   // Key blocks the producer prefetches into L2 ahead of the ring (0: none).
   static constexpr int kPrefetch = MAGI_FWD_PREFETCH;
-  // 40 x 128 + 232 x 256 = 64512, the 168 x 384 registers the CTA launches with (the
-  // producer holds its walk and the BlockInfo it writes without spilling at 40).
-  static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+  // Registers after setmaxnreg, within what the CTA launches with (65536 / kThreads each,
+  // rounded down to 8: 168 at 384 threads, 128 at 512). With 2 consumer warpgroups the
+  // producer keeps 40 (its walk and the BlockInfo it writes, without spilling).
+  static constexpr int kProducerRegs = kWarpgroups == 2 ? 40 : 24;
+  static constexpr int kConsumerRegs = kWarpgroups == 2 ? 232 : 160;
+  static_assert(kProducerRegs * 128 + kConsumerRegs * kConsumerThreads <=
+                65536 / kThreads / 8 * 8 * kThreads);
   using BM = cute::Int<kBlockM>;
   using BN = cute::Int<kBlockN>;
   using HD = cute::Int<kD>;
@@ -80,7 +85,7 @@ struct FwdConfig {
   using LayoutVt = decltype(cute::composition(
       LayoutV{}, cute::make_ordered_layout(cute::Shape<HD, BN, cute::Int<kStages>>{},
                                            cute::Step<cute::_2, cute::_1, cute::_3>{})));
-  using WarpGroups = cute::Layout<cute::Shape<cute::_2, cute::_1, cute::_1>>;
+  using WarpGroups = cute::Layout<cute::Shape<cute::Int<kWarpgroups>, cute::_1, cute::_1>>;
   using MmaQK = decltype(cute::make_tiled_mma(
       cute::GMMA::ss_op_selector<T, T, float, cute::Shape<BM, BN, HD>>(), WarpGroups{}));
   // P stays in registers (RS wgmma): the S accumulator of 16 columns is exactly the A
@@ -162,12 +167,12 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
 
   if (tid == 0) {
     TxBarrier::init(&s.q_full, 1);
-    Barrier::init(&s.q_empty, 2);
+    Barrier::init(&s.q_empty, C::kWarpgroups);
     for (int i = 0; i < kStages; ++i) {
       TxBarrier::init(&s.k_full[i], 1);
       TxBarrier::init(&s.v_full[i], 1);
       Barrier::init(&s.k_empty[i], C::kConsumerThreads);  // each reader of info[i] too
-      Barrier::init(&s.v_empty[i], 2);
+      Barrier::init(&s.v_empty[i], C::kWarpgroups);
     }
     for (int i = 0; i < kStages; ++i) Barrier::init(&s.v_ready[i], 1);
     for (int i = 0; i < 2; ++i) {
@@ -286,7 +291,7 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
         if (!it.valid()) info.flags |= detail::BlockInfo::kLast;
         const bool edge = detail::v_edge(info.kb, pc, kBN);
         if (edge) info.flags |= detail::BlockInfo::kEdge;
-        for (int w = 0; w < 2; ++w)
+        for (int w = 0; w < C::kWarpgroups; ++w)
           if (detail::covers(pc, tile.q_start + 64 * w, 64, info.kb, kBN))
             info.flags |= detail::BlockInfo::kFullRows << w;
         if (ahead.valid()) {
@@ -340,10 +345,13 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
   constexpr bool rewrite = kRewrite;  // == fwd_rewrite(p.scale, p.softcap), chosen on the host
   const float su = rewrite ? 1.f : p.scale * kLog2e;
 
-  // Scheduler barriers: warpgroup w waits on 1 + w before issuing its products and then lets
-  // the other one go; warpgroup 0 goes first.
-  const int my_bar = 1 + wg, other_bar = 2 - wg;
-  if (wg == 1) detail::named_arrive(1, C::kConsumerThreads);
+  // Scheduler barriers, a token passed round the warpgroups: w waits on 1 + w (with the one
+  // before it, 2 x 128 threads) before issuing its products, then lets the next one go;
+  // warpgroup 0 goes first.
+  constexpr int kPair = 256;
+  const int my_bar = 1 + wg;
+  const int other_bar = C::kWarpgroups == 2 ? 2 - wg : 1 + (wg + 1) % C::kWarpgroups;
+  if (wg == C::kWarpgroups - 1) detail::named_arrive(1, kPair);
 
   int blk = 0;
   unsigned ready_phases = 0;
@@ -471,9 +479,9 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
       detail::Ring r = detail::ring<kStages>(blk++);
       TxBarrier::wait(&s.k_full[r.stage], r.phase);
       detail::BlockInfo bi = s.info[r.stage];
-      detail::named_sync(my_bar, C::kConsumerThreads);
+      detail::named_sync(my_bar, kPair);
       issue_qk(r.stage);
-      detail::named_arrive(other_bar, C::kConsumerThreads);
+      detail::named_arrive(other_bar, kPair);
       warpgroup_wait<0>();
       warpgroup_fence_operand(tSrS);
       Barrier::arrive(&s.k_empty[r.stage]);
@@ -485,11 +493,11 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
         r = detail::ring<kStages>(blk++);
         TxBarrier::wait(&s.k_full[r.stage], r.phase);
         bi = s.info[r.stage];
-        detail::named_sync(my_bar, C::kConsumerThreads);
+        detail::named_sync(my_bar, kPair);
         issue_qk(r.stage);
         wait_v(prev, prev_edge);
         issue_pv(prev.stage);
-        detail::named_arrive(other_bar, C::kConsumerThreads);
+        detail::named_arrive(other_bar, kPair);
         warpgroup_wait<1>();  // S of this block; P V of the previous one may still run
         warpgroup_fence_operand(tSrS);
         Barrier::arrive(&s.k_empty[r.stage]);
