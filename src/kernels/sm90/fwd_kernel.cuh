@@ -317,7 +317,7 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
 
   // ------------------------------------------------------------------ consumers
   cutlass::arch::warpgroup_reg_alloc<C::kConsumerRegs>();
-  const int ctid = tid - 128;            // 0..255 over the two consumer warpgroups
+  const int ctid = tid - 128;            // 0 .. kConsumerThreads - 1 over the consumers
   const int wg = ctid / 128;             // which 64 rows of the tile
   const bool leader = ctid % 128 == 0;   // arrives on the empty barriers for its warpgroup
   typename C::MmaQK mma_qk;
