@@ -1044,16 +1044,20 @@ TEST(Sm90Forward, BitwiseDeterministic) {
 TEST(Sm90Forward, OnePersistentCtaOnAUserStream) {
   REQUIRE_GPU();
   // sm_margin larger than the SM count leaves one CTA, which must loop over every
-  // (tile, head) item; the launch goes to a user stream.
+  // (tile, head) item, reusing its Q buffer and rings from item to item (the racecheck case of
+  // scripts/gpu_test.sh: D 64 and D 128 run different warpgroup counts); the launch goes to a
+  // user stream.
   cudaStream_t stream = nullptr;
   cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
   std::mt19937_64 rng(51);
   const Mask mask = testing::packed_documents(rng, 900);
-  Case c;
-  c.sink_len = 1;
-  c.opts.sm_margin = 1 << 20;
-  c.opts.cuda_stream = reinterpret_cast<std::uintptr_t>(stream);
-  if (built(c.in, c.d)) {
+  for (std::int64_t d : {128, 64}) {
+    Case c;
+    c.d = d;
+    c.sink_len = 1;
+    c.opts.sm_margin = 1 << 20;
+    c.opts.cuda_stream = reinterpret_cast<std::uintptr_t>(stream);
+    if (!built(c.in, c.d)) continue;
     const Problem p = make_problem(mask, c, 52);
     GpuCall call(p, c);
     ASSERT_NO_THROW(attn_forward(mask, call.args(), c.opts));

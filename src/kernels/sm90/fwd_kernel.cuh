@@ -3,14 +3,16 @@
 // every key block of every piece the tile sees.
 //
 // Per CTA, three warpgroups with different jobs (warp specialisation):
-// - warpgroup 0 gives registers away (40 each, setmaxnreg) and runs two warps: the producer
+// - warpgroup 0 gives registers away (40 each, 32 at D 64; setmaxnreg) and runs two warps: the producer
 //   takes the next item from the counter, hands it to the consumers through shared memory,
 //   walks the tile's pieces and loads the Q tile and a ring of K and V blocks with TMA, each
 //   stage guarded by a full and an empty mbarrier, writing beside each K stage what the
 //   consumers need to know of its block (BlockInfo: piece, first key, last / edge / no-mask
 //   flags), so the consumers never read the work list; the fixer zeroes V rows past a
 //   piece's key range (below);
-// - two consumer warpgroups (232 registers each) own 64 query rows each of the 128-row tile.
+// - two consumer warpgroups (232 registers each) own 64 query rows each of the 128-row tile
+//   (three of 160 registers at D 64: 192 rows). Each releases Q after its last Q K^T of the
+//   tile, so the next item's Q load overlaps the last softmax, P V and the epilogue.
 //   S = Q K^T is wgmma with both operands in shared memory; O += P V is wgmma with P in
 //   registers (the S accumulator's layout is the A fragment's).
 // Overlap, as in FlashAttention-3: within a consumer, block j's softmax runs while the tensor
@@ -68,8 +70,9 @@ struct FwdConfig {
   static constexpr int kPrefetch = MAGI_FWD_PREFETCH;
   // Registers after setmaxnreg, within what the CTA launches with (65536 / kThreads each,
   // rounded down to 8: 168 at 384 threads, 128 at 512). With 2 consumer warpgroups the
-  // producer keeps 40 (its walk and the BlockInfo it writes, without spilling).
-  static constexpr int kProducerRegs = kWarpgroups == 2 ? 40 : 24;
+  // producer keeps 40 (its walk and the BlockInfo it writes, without spilling); with 3 it
+  // keeps 32 (spilling a few values of its walk to L1) so the consumers get 160.
+  static constexpr int kProducerRegs = kWarpgroups == 2 ? 40 : 32;
   static constexpr int kConsumerRegs = kWarpgroups == 2 ? 232 : 160;
   static_assert(kProducerRegs * 128 + kConsumerRegs * kConsumerThreads <=
                 65536 / kThreads / 8 * 8 * kThreads);
@@ -474,6 +477,11 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
         TxBarrier::wait(&s.v_full[r.stage], r.phase);
       }
     };
+    // Q is free once the tile's last Q K^T has completed: released there (not after the last
+    // P V and the epilogue), so the next item's Q load overlaps them.
+    auto release_q_after_last = [&](const detail::BlockInfo& bi) {
+      if ((bi.flags & detail::BlockInfo::kLast) && leader) Barrier::arrive(&s.q_empty);
+    };
     TxBarrier::wait(&s.q_full, n & 1);
     if (tile.piece_begin < tile.piece_end) {  // the producer walks the blocks (BlockInfo)
       float corr[kRows];
@@ -486,6 +494,7 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
       warpgroup_wait<0>();
       warpgroup_fence_operand(tSrS);
       Barrier::arrive(&s.k_empty[r.stage]);
+      release_q_after_last(bi);
       softmax(bi, corr);
       rescale_and_convert(corr);
       detail::Ring prev = r;  // the block whose P V is pending
@@ -502,6 +511,7 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
         warpgroup_wait<1>();  // S of this block; P V of the previous one may still run
         warpgroup_fence_operand(tSrS);
         Barrier::arrive(&s.k_empty[r.stage]);
+        release_q_after_last(bi);
         softmax(bi, corr);
         warpgroup_wait<0>();
         warpgroup_fence_operand(tOrO);
@@ -517,8 +527,9 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
       warpgroup_fence_operand(tOrO);
       warpgroup_fence_operand(tOrP);
       if (leader) Barrier::arrive(&s.v_empty[prev.stage]);
+    } else if (leader) {
+      Barrier::arrive(&s.q_empty);  // a tile without keys: Q was loaded and never read
     }
-    if (leader) Barrier::arrive(&s.q_empty);
 
     // Epilogue: normalise, sink, merge with a given partial result, store.
     CUTE_UNROLL
