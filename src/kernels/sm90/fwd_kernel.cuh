@@ -354,7 +354,7 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
   // warpgroup 0 goes first.
   constexpr int kPair = 256;
   const int my_bar = 1 + wg;
-  const int other_bar = C::kWarpgroups == 2 ? 2 - wg : 1 + (wg + 1) % C::kWarpgroups;
+  const int other_bar = 1 + (wg + 1) % C::kWarpgroups;
   if (wg == C::kWarpgroups - 1) detail::named_arrive(1, kPair);
 
   int blk = 0;
@@ -561,24 +561,21 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
         }
         lse = merged;
       }
-      if (p.out_pairs) {  // columns jj, jj + 1 (jj even) are adjacent: the C fragment's pairs
-        CUTE_UNROLL
-        for (int jj = 0; jj < size<1>(O); jj += 2) {
-          const std::int64_t idx = o_base + get<1>(cO(i, jj));
-          float x0 = O(i, jj) * w, x1 = O(i, jj + 1) * w;
-          if (p.accumulate) {
-            const float2 old = *reinterpret_cast<const float2*>(static_cast<const float*>(p.out) + idx);
-            x0 += keep * old.x, x1 += keep * old.y;
-          }
-          detail::store2(p.out, idx, p.out_type, x0, x1);
+      // Columns jj, jj + 1 (jj even) are the C fragment's pairs: adjacent in memory when the
+      // strides allow (out_pairs), one store of both.
+      CUTE_UNROLL
+      for (int jj = 0; jj < size<1>(O); jj += 2) {
+        const std::int64_t idx = o_base + get<1>(cO(i, jj)), idx1 = o_base + get<1>(cO(i, jj + 1));
+        float x0 = O(i, jj) * w, x1 = O(i, jj + 1) * w;
+        if (p.accumulate) {
+          const float* old = static_cast<const float*>(p.out);
+          x0 += keep * old[idx], x1 += keep * old[idx1];
         }
-      } else {
-        CUTE_UNROLL
-        for (int jj = 0; jj < size<1>(O); ++jj) {
-          const std::int64_t idx = o_base + get<1>(cO(i, jj));
-          float x = O(i, jj) * w;
-          if (p.accumulate) x += keep * static_cast<const float*>(p.out)[idx];
-          detail::store(p.out, idx, p.out_type, x);
+        if (p.out_pairs) {
+          detail::store2(p.out, idx, p.out_type, x0, x1);
+        } else {
+          detail::store(p.out, idx, p.out_type, x0);
+          detail::store(p.out, idx1, p.out_type, x1);
         }
       }
       if ((ctid & 3) == 0) *lse_ptr = lse;
