@@ -76,19 +76,17 @@ __device__ inline void store(void* out, std::int64_t idx, OutType t, float x) {
   }
 }
 
-// Two adjacent columns in one store (idx even, the pair aligned: FwdParams::out_pairs).
-__device__ inline void store2(void* out, std::int64_t idx, OutType t, float x0, float x1) {
-  switch (t) {
-    case OutType::kBF16:
-      *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(out) + idx) =
-          __floats2bfloat162_rn(x0, x1);
-      break;
-    case OutType::kF16:
-      *reinterpret_cast<__half2*>(static_cast<__half*>(out) + idx) = __floats2half2_rn(x0, x1);
-      break;
-    case OutType::kF32:
-      *reinterpret_cast<float2*>(static_cast<float*>(out) + idx) = make_float2(x0, x1);
-      break;
+// Two adjacent columns in one store (idx even, the pair aligned: FwdParams::out_pairs), the
+// output type a template argument so that a store is one instruction without a branch.
+template <OutType kT>
+__device__ inline void store2(void* out, std::int64_t idx, float x0, float x1) {
+  if constexpr (kT == OutType::kBF16) {
+    *reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(out) + idx) =
+        __floats2bfloat162_rn(x0, x1);
+  } else if constexpr (kT == OutType::kF16) {
+    *reinterpret_cast<__half2*>(static_cast<__half*>(out) + idx) = __floats2half2_rn(x0, x1);
+  } else {
+    *reinterpret_cast<float2*>(static_cast<float*>(out) + idx) = make_float2(x0, x1);
   }
 }
 

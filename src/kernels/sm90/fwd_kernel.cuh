@@ -377,7 +377,7 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
     // Mask the block (only when a piece's corners do not cover this warpgroup's 64 rows), cap,
     // and fold it into the running max; S becomes P (unnormalised, fp32) and corr[i] the
     // factor that O's row i needs.
-    auto softmax = [&](const detail::BlockInfo& bi, float (&corr)[kRows]) {
+    auto softmax = [&](const detail::BlockInfo& bi, float (&corr)[kRows]) CUTLASS_LAMBDA_FUNC_INLINE {
       const Piece& pc = bi.pc;
       const int kb = bi.kb;
       if (!(bi.flags & (detail::BlockInfo::kFullRows << wg))) {
@@ -444,7 +444,7 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
     };
     // Every block rescales O, even when no row's max moved (corr 1): skipping it behind a
     // warp vote was measured 6-7% slower at D 64 and even at D 128 (docs/benchmarks.md).
-    auto rescale_and_convert = [&](const float (&corr)[kRows]) {
+    auto rescale_and_convert = [&](const float (&corr)[kRows]) CUTLASS_LAMBDA_FUNC_INLINE {
       CUTE_UNROLL
       for (int i = 0; i < kRows; ++i) {
         CUTE_UNROLL
@@ -455,14 +455,14 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
     };
     // The wgmma descriptors are rebuilt from an opaque smem base per block: held across the
     // loop, Q's 8 descriptors did not fit beside S, P and O and spilled.
-    auto issue_qk = [&](int stage) {
+    auto issue_qk = [&](int stage) CUTLASS_LAMBDA_FUNC_INLINE {
       T* q_base = s.q;
       asm volatile("" : "+l"(q_base));
       Tensor tSrQ = thr_qk.partition_fragment_A(make_tensor(make_smem_ptr(q_base), typename C::LayoutQ{}));
       detail::wg_gemm_issue(mma_qk, tSrQ, thr_qk.partition_fragment_B(sK(_, _, stage)), tSrS,
                             true);
     };
-    auto issue_pv = [&](int stage) {
+    auto issue_pv = [&](int stage) CUTLASS_LAMBDA_FUNC_INLINE {
       detail::wg_gemm_issue<true>(mma_pv, tOrP, thr_pv.partition_fragment_B(sVt(_, _, stage)),
                                   tOrO, false);
     };
@@ -531,54 +531,88 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
       Barrier::arrive(&s.q_empty);  // a tile without keys: Q was loaded and never read
     }
 
-    // Epilogue: normalise, sink, merge with a given partial result, store.
+    // Epilogue: normalise, sink, merge with a given partial result, store. The rows' weights
+    // and LSE first; then O in one straight-line pass for the output kind, chosen once per tile
+    // (a switch on the dtype beside every store made the epilogue ~3000 instructions of
+    // branches, 20 % of the stall samples on 8k sliding window).
+    float w[kRows], keep[kRows];  // out = w * O + keep * (the given partial output)
+    float lse_out[kRows];
+    std::int64_t o_base[kRows];   // -1: a row past the end
     CUTE_UNROLL
     for (int i = 0; i < kRows; ++i) {
       const int row = q0 + get<0>(cO(i, 0));
       const float l_tot = detail::quad_sum(l[i]);
       float lse = l_tot > 0.f ? (m[i] * su + log2f(l_tot)) * kLn2 : -INFINITY;
-      float w = l_tot > 0.f ? 1.f / l_tot : 0.f;  // out = w * O
-      if (p.sink != nullptr && row < p.num_q) {
+      w[i] = l_tot > 0.f ? 1.f / l_tot : 0.f;
+      keep[i] = 0.f;
+      o_base[i] = -1;
+      if (row >= p.num_q) continue;
+      if (p.sink != nullptr) {
         float ls = -INFINITY;
         const float* sk = p.sink + std::int64_t(row) * p.sink_row + std::int64_t(h) * p.sink_head;
         for (int j = 0; j < p.sink_len; ++j) ls = detail::log_add_exp(ls, sk[j * p.sink_s]);
         const float merged = detail::log_add_exp(lse, ls);
-        if (l_tot > 0.f) w *= expf(lse - merged);
+        if (l_tot > 0.f) w[i] *= expf(lse - merged);
         lse = merged;
       }
-      if (row >= p.num_q) continue;
-      const std::int64_t o_base = std::int64_t(row) * p.o_row + std::int64_t(h) * p.o_head;
-      float* lse_ptr = p.lse + std::int64_t(row) * p.lse_row + std::int64_t(h) * p.lse_head;
-      float keep = 0.f;  // weight of the given partial output (accumulate)
+      o_base[i] = std::int64_t(row) * p.o_row + std::int64_t(h) * p.o_head;
       if (p.accumulate) {
-        const float old = *lse_ptr;
+        const float old = p.lse[std::int64_t(row) * p.lse_row + std::int64_t(h) * p.lse_head];
         const float merged = detail::log_add_exp(old, lse);
         if (merged != -INFINITY) {
-          keep = old == -INFINITY ? 0.f : expf(old - merged);
-          w *= lse == -INFINITY ? 0.f : expf(lse - merged);
+          keep[i] = old == -INFINITY ? 0.f : expf(old - merged);
+          w[i] *= lse == -INFINITY ? 0.f : expf(lse - merged);
         } else {
-          keep = 1.f;
+          keep[i] = 1.f;
         }
         lse = merged;
       }
-      // Columns jj, jj + 1 (jj even) are the C fragment's pairs: adjacent in memory when the
-      // strides allow (out_pairs), one store of both.
-      CUTE_UNROLL
-      for (int jj = 0; jj < size<1>(O); jj += 2) {
-        const std::int64_t idx = o_base + get<1>(cO(i, jj)), idx1 = o_base + get<1>(cO(i, jj + 1));
-        float x0 = O(i, jj) * w, x1 = O(i, jj + 1) * w;
-        if (p.accumulate) {
-          const float* old = static_cast<const float*>(p.out);
-          x0 += keep * old[idx], x1 += keep * old[idx1];
-        }
-        if (p.out_pairs) {
-          detail::store2(p.out, idx, p.out_type, x0, x1);
-        } else {
-          detail::store(p.out, idx, p.out_type, x0);
-          detail::store(p.out, idx1, p.out_type, x1);
-        }
+      lse_out[i] = lse;
+    }
+    // A quad's four threads read a row's given LSE above, its first writes it: after all reads.
+    __syncwarp();
+    CUTE_UNROLL
+    for (int i = 0; i < kRows; ++i)
+      if (o_base[i] >= 0 && (ctid & 3) == 0) {
+        const std::int64_t row = q0 + get<0>(cO(i, 0));
+        p.lse[row * p.lse_row + std::int64_t(h) * p.lse_head] = lse_out[i];
       }
-      if ((ctid & 3) == 0) *lse_ptr = lse;
+    // put(row i, index of column jj, of column jj + 1, their values) for the C fragment's
+    // column pairs jj, jj + 1 (jj even), which are adjacent in memory when out_pairs.
+    auto store_o = [&](auto&& put) CUTLASS_LAMBDA_FUNC_INLINE {
+      CUTE_UNROLL
+      for (int i = 0; i < kRows; ++i) {
+        if (o_base[i] < 0) continue;
+        CUTE_UNROLL
+        for (int jj = 0; jj < size<1>(O); jj += 2)
+          put(i, o_base[i] + get<1>(cO(i, jj)), o_base[i] + get<1>(cO(i, jj + 1)),
+              O(i, jj) * w[i], O(i, jj + 1) * w[i]);
+      }
+    };
+    using detail::store2;
+    if (p.accumulate) {  // fp32 out (attention.cc checks it)
+      float* out = static_cast<float*>(p.out);
+      store_o([&](int i, std::int64_t a, std::int64_t b, float x0, float x1) CUTLASS_LAMBDA_FUNC_INLINE {
+        out[a] = x0 + keep[i] * out[a];
+        out[b] = x1 + keep[i] * out[b];
+      });
+    } else if (!p.out_pairs) {
+      store_o([&](int, std::int64_t a, std::int64_t b, float x0, float x1) CUTLASS_LAMBDA_FUNC_INLINE {
+        detail::store(p.out, a, p.out_type, x0);
+        detail::store(p.out, b, p.out_type, x1);
+      });
+    } else if (p.out_type == OutType::kBF16) {
+      store_o([&](int, std::int64_t a, std::int64_t, float x0, float x1) CUTLASS_LAMBDA_FUNC_INLINE {
+        store2<OutType::kBF16>(p.out, a, x0, x1);
+      });
+    } else if (p.out_type == OutType::kF16) {
+      store_o([&](int, std::int64_t a, std::int64_t, float x0, float x1) CUTLASS_LAMBDA_FUNC_INLINE {
+        store2<OutType::kF16>(p.out, a, x0, x1);
+      });
+    } else {
+      store_o([&](int, std::int64_t a, std::int64_t, float x0, float x1) CUTLASS_LAMBDA_FUNC_INLINE {
+        store2<OutType::kF32>(p.out, a, x0, x1);
+      });
     }
     if (p.max_logits != nullptr) {
       float mr = -INFINITY;
