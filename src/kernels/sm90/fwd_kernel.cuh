@@ -2,23 +2,23 @@
 // from a global counter (tiles heavy first, work_list.h) and runs one online softmax over
 // every key block of every piece the tile sees.
 //
-// Per CTA, three warpgroups with different jobs (warp specialisation):
-// - warpgroup 0 gives registers away (40 each, 32 at D 64; setmaxnreg) and runs two warps: the producer
-//   takes the next item from the counter, hands it to the consumers through shared memory,
-//   walks the tile's pieces and loads the Q tile and a ring of K and V blocks with TMA, each
-//   stage guarded by a full and an empty mbarrier, writing beside each K stage what the
-//   consumers need to know of its block (BlockInfo: piece, first key, last / edge / no-mask
-//   flags), so the consumers never read the work list; the fixer zeroes V rows past a
-//   piece's key range (below);
+// Per CTA, warpgroups with different jobs (warp specialisation):
+// - warpgroup 0 gives registers away (40 each, 32 at D 64; setmaxnreg) and runs two warps:
+//   the producer takes the next item from the counter, hands it to the consumers through
+//   shared memory, walks the tile's pieces and loads the Q tile and a ring of K and V blocks
+//   with TMA, each stage guarded by a full and an empty mbarrier, writing beside each K stage
+//   what the consumers need to know of its block (BlockInfo: piece, first key, last / edge /
+//   no-mask flags), so the consumers never read the work list; the fixer zeroes V rows past
+//   a piece's key range (below);
 // - two consumer warpgroups (232 registers each) own 64 query rows each of the 128-row tile
 //   (three of 160 registers at D 64: 192 rows). Each releases Q after its last Q K^T of the
 //   tile, so the next item's Q load overlaps the last softmax, P V and the epilogue.
 //   S = Q K^T is wgmma with both operands in shared memory; O += P V is wgmma with P in
 //   registers (the S accumulator's layout is the A fragment's).
 // Overlap, as in FlashAttention-3: within a consumer, block j's softmax runs while the tensor
-// cores compute block j-1's P V (issued with block j's Q K^T); across the two consumers, a
-// pair of named barriers orders their wgmma issue so that one warpgroup's softmax runs while
-// the other's matrix products do.
+// cores compute block j-1's P V (issued with block j's Q K^T); across the consumers, named
+// barriers pass a token that orders their wgmma issue round robin, so that one warpgroup's
+// softmax runs while another's matrix products do.
 //
 // Masking: element masks run only on blocks whose corners a piece does not cover; rows
 // outside the piece, keys outside [k0, k1) and cells off the band are -inf (whatever K holds
@@ -377,7 +377,8 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
     // Mask the block (only when a piece's corners do not cover this warpgroup's 64 rows), cap,
     // and fold it into the running max; S becomes P (unnormalised, fp32) and corr[i] the
     // factor that O's row i needs.
-    auto softmax = [&](const detail::BlockInfo& bi, float (&corr)[kRows]) CUTLASS_LAMBDA_FUNC_INLINE {
+    auto softmax = [&](const detail::BlockInfo& bi,
+                       float (&corr)[kRows]) CUTLASS_LAMBDA_FUNC_INLINE {
       const Piece& pc = bi.pc;
       const int kb = bi.kb;
       if (!(bi.flags & (detail::BlockInfo::kFullRows << wg))) {
@@ -590,27 +591,28 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
       }
     };
     using detail::store2;
+    using I64 = std::int64_t;
     if (p.accumulate) {  // fp32 out (attention.cc checks it)
       float* out = static_cast<float*>(p.out);
-      store_o([&](int i, std::int64_t a, std::int64_t b, float x0, float x1) CUTLASS_LAMBDA_FUNC_INLINE {
+      store_o([&](int i, I64 a, I64 b, float x0, float x1) CUTLASS_LAMBDA_FUNC_INLINE {
         out[a] = x0 + keep[i] * out[a];
         out[b] = x1 + keep[i] * out[b];
       });
     } else if (!p.out_pairs) {
-      store_o([&](int, std::int64_t a, std::int64_t b, float x0, float x1) CUTLASS_LAMBDA_FUNC_INLINE {
+      store_o([&](int, I64 a, I64 b, float x0, float x1) CUTLASS_LAMBDA_FUNC_INLINE {
         detail::store(p.out, a, p.out_type, x0);
         detail::store(p.out, b, p.out_type, x1);
       });
     } else if (p.out_type == OutType::kBF16) {
-      store_o([&](int, std::int64_t a, std::int64_t, float x0, float x1) CUTLASS_LAMBDA_FUNC_INLINE {
+      store_o([&](int, I64 a, I64, float x0, float x1) CUTLASS_LAMBDA_FUNC_INLINE {
         store2<OutType::kBF16>(p.out, a, x0, x1);
       });
     } else if (p.out_type == OutType::kF16) {
-      store_o([&](int, std::int64_t a, std::int64_t, float x0, float x1) CUTLASS_LAMBDA_FUNC_INLINE {
+      store_o([&](int, I64 a, I64, float x0, float x1) CUTLASS_LAMBDA_FUNC_INLINE {
         store2<OutType::kF16>(p.out, a, x0, x1);
       });
     } else {
-      store_o([&](int, std::int64_t a, std::int64_t, float x0, float x1) CUTLASS_LAMBDA_FUNC_INLINE {
+      store_o([&](int, I64 a, I64, float x0, float x1) CUTLASS_LAMBDA_FUNC_INLINE {
         store2<OutType::kF32>(p.out, a, x0, x1);
       });
     }
