@@ -90,7 +90,7 @@ __device__ inline void store2(void* out, std::int64_t idx, float x0, float x1) {
   }
 }
 
-// Named barriers of the two consumer warpgroups (0 is __syncthreads).
+// Named barriers among the consumer warpgroups (0 is __syncthreads).
 __device__ inline void named_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }

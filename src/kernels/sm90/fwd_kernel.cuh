@@ -354,7 +354,7 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
   // warpgroup 0 goes first.
   constexpr int kPair = 256;
   const int my_bar = 1 + wg;
-  const int other_bar = 1 + (wg + 1) % C::kWarpgroups;
+  const int next_bar = 1 + (wg + 1) % C::kWarpgroups;
   if (wg == C::kWarpgroups - 1) detail::named_arrive(1, kPair);
 
   int blk = 0;
@@ -491,7 +491,7 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
       detail::BlockInfo bi = s.info[r.stage];
       detail::named_sync(my_bar, kPair);
       issue_qk(r.stage);
-      detail::named_arrive(other_bar, kPair);
+      detail::named_arrive(next_bar, kPair);
       warpgroup_wait<0>();
       warpgroup_fence_operand(tSrS);
       Barrier::arrive(&s.k_empty[r.stage]);
@@ -508,7 +508,7 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
         issue_qk(r.stage);
         wait_v(prev, prev_edge);
         issue_pv(prev.stage);
-        detail::named_arrive(other_bar, kPair);
+        detail::named_arrive(next_bar, kPair);
         warpgroup_wait<1>();  // S of this block; P V of the previous one may still run
         warpgroup_fence_operand(tSrS);
         Barrier::arrive(&s.k_empty[r.stage]);
