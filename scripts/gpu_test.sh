@@ -11,7 +11,7 @@
 #   MAGI_GPU_BUILD_DIR   build directory (default build/gpu)
 #   MAGI_GPU_CMAKE_ARGS  extra configure arguments (word-split)
 #   MAGI_SANITIZE_FILTER gtest filter for memcheck and synccheck (default: 3 small cases)
-#   MAGI_RACECHECK_FILTER gtest filter for racecheck (default: the smallest case)
+#   MAGI_RACECHECK_FILTER gtest filter for racecheck (default: 2 small cases, one CTA among them)
 #   MAGI_SANITIZE_TIMEOUT seconds per sanitizer run (default 300; a timeout counts as a failure)
 # Exit status: non-zero when the build, a test or a sanitizer run fails.
 set -euo pipefail

@@ -86,9 +86,8 @@ void forward(const Mask& mask, const FwdArgs& a, const Resolved& r, int sm_margi
   p.softcap = float(r.softcap);
   p.out_type = out_type(a.out.dtype);
   p.accumulate = r.accumulate;
-  const std::size_t out_elem = p.out_type == OutType::kF32 ? 4 : 2;
   p.out_pairs = p.o_row % 2 == 0 && p.o_head % 2 == 0 &&
-                reinterpret_cast<std::uintptr_t>(p.out) % (2 * out_elem) == 0;
+                reinterpret_cast<std::uintptr_t>(p.out) % (2 * dtype_size(a.out.dtype)) == 0;
 
   if (a.max_logits) {
     p.max_logits = static_cast<float*>(a.max_logits->data);
