@@ -24,7 +24,9 @@ Mask varlen_causal(std::span<const std::int64_t> cu_seqlens);
 
 // Sliding window, bottom-right aligned like CAUSAL: local query i sits at key position
 // p = i + (sk - sq) and sees keys j with p - left <= j <= p + right (a negative bound means
-// unbounded on that side). (left, 0) is causal sliding window.
+// unbounded on that side). (left, 0) is causal sliding window. Rows with p < 0 (the first
+// sq - sk rows when sq > sk) see nothing, whatever the window: MagiAttention's rule, so that
+// (-1, -1) on a block with more queries than keys is FULL on its last sk rows only.
 struct Window {
   std::int64_t left = -1;
   std::int64_t right = -1;
@@ -33,8 +35,9 @@ struct Window {
 // Slices (at most 3, non-overlapping) for a window over one (q_range, k_range) block.
 std::vector<Slice> window_slices(Range q_range, Range k_range, Window w);
 Mask sliding_window(std::int64_t seqlen_q, std::int64_t seqlen_k, Window w);
-// Per document; with num_global > 0 every query also sees the first num_global keys of its
-// document, capped so that a query never sees a global key beyond its window's right edge.
+// Per document; with num_global > 0 every query with p >= 0 also sees the first num_global
+// keys of its document, capped so that a query never sees a global key beyond its window's
+// right edge. The slices' rectangles are disjoint (globals and window split the keys at G).
 Mask varlen_sliding_window(std::span<const std::int64_t> cu_seqlens_q,
                            std::span<const std::int64_t> cu_seqlens_k, Window w,
                            std::int64_t num_global = 0);

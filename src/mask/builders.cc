@@ -1,7 +1,8 @@
 // Mask builders (SPEC §1). Every builder emits few, non-overlapping slices computed in closed
 // form from row-interval edges: a window over one block is at most 3 slices (the left edge is
-// clamped or stepping, the right edge likewise), global tokens add at most 2 more that cover
-// only keys left of the window. Single-row slices are FULL and merge with FULL neighbours.
+// clamped or stepping, the right edge likewise); with global tokens the keys split at G, at
+// most 2 slices over [0, G) and the window over [G, sk), so no two slices' rectangles overlap.
+// Single-row slices are FULL and merge with FULL neighbours.
 #include <algorithm>
 #include <string_view>
 #include <vector>
@@ -124,19 +125,22 @@ Mask varlen_causal(Span cu_seqlens_q, Span cu_seqlens_k) {
 Mask varlen_full(Span cu_seqlens) { return varlen_full(cu_seqlens, cu_seqlens); }
 Mask varlen_causal(Span cu_seqlens) { return varlen_causal(cu_seqlens, cu_seqlens); }
 
+namespace {
+
 // Rows split at two thresholds: L (first row whose left edge steps rather than sits at 0) and
 // H (first row whose right edge is clamped at sk - 1). [0, min(L, H)) is CAUSAL, [H, L) FULL,
-// [L, H) BI_CAUSAL, [max(L, H), sq) INV_CAUSAL. Rows that see nothing are trimmed.
-std::vector<Slice> window_slices(Range q_range, Range k_range, Window w) {
-  check_range(q_range, "q_range");
-  check_range(k_range, "k_range");
+// [L, H) BI_CAUSAL, [max(L, H), sq) INV_CAUSAL. Rows that see nothing are trimmed, and so are
+// rows before first_row (rows whose aligned position is negative, see the header).
+std::vector<Slice> window_slices_from(Range q_range, Range k_range, Window w,
+                                      std::int64_t first_row) {
   const std::int64_t sq = q_range.size(), sk = k_range.size();
   std::vector<Slice> out;
   if (sq == 0 || sk == 0) return out;
   const WindowEdges e = window_edges(sq, sk, w);
   const std::int64_t first_left_step = e.left_open ? sq : clamp64(-e.a, 0, sq);
   const std::int64_t first_right_clamp = e.right_open ? 0 : clamp64(sk - e.c, 0, sq);
-  const std::int64_t row_begin = e.right_open ? 0 : clamp64(-e.c, 0, sq);
+  const std::int64_t row_begin =
+      std::max(first_row, e.right_open ? std::int64_t{0} : clamp64(-e.c, 0, sq));
   const std::int64_t row_end = e.left_open ? sq : clamp64(sk - e.a, 0, sq);
 
   // A stepping edge makes the k bound a function of the first or last kept row, so rows are
@@ -161,14 +165,30 @@ std::vector<Slice> window_slices(Range q_range, Range k_range, Window w) {
   return tidy(std::move(out));
 }
 
+// The first sq - sk rows of a block with more queries than keys sit left of key 0.
+std::int64_t first_aligned_row(std::int64_t sq, std::int64_t sk) {
+  return std::max<std::int64_t>(0, sq - sk);
+}
+
+}  // namespace
+
+std::vector<Slice> window_slices(Range q_range, Range k_range, Window w) {
+  check_range(q_range, "q_range");
+  check_range(k_range, "k_range");
+  return window_slices_from(q_range, k_range, w,
+                            first_aligned_row(q_range.size(), k_range.size()));
+}
+
 Mask sliding_window(std::int64_t seqlen_q, std::int64_t seqlen_k, Window w) {
   check_len(seqlen_q, "seqlen_q");
   check_len(seqlen_k, "seqlen_k");
   return Mask(seqlen_q, seqlen_k, window_slices({0, seqlen_q}, {0, seqlen_k}, w));
 }
 
-// Global keys [0, G) left of row i's window are [0, clamp(i + a, 0, G)): the right-edge cap
-// never bites there because a <= c. That end steps by one (CAUSAL) until it reaches G (FULL).
+// With G globals the keys split at G so that no two slices' rectangles overlap: the window
+// over keys [G, sk) (both blocks end at sk, so the bottom-right alignment is the document's)
+// and, left of it, row i's global keys [0, min(G, i + c + 1)): CAUSAL while that end steps,
+// FULL once it reaches G. An unbounded left side already covers the globals.
 Mask varlen_sliding_window(Span cu_seqlens_q, Span cu_seqlens_k, Window w,
                            std::int64_t num_global) {
   check_pair(cu_seqlens_q, cu_seqlens_k);
@@ -177,23 +197,29 @@ Mask varlen_sliding_window(Span cu_seqlens_q, Span cu_seqlens_k, Window w,
   for (std::size_t d = 0; d + 1 < cu_seqlens_q.size(); ++d) {
     const Range q{cu_seqlens_q[d], cu_seqlens_q[d + 1]};
     const Range k{cu_seqlens_k[d], cu_seqlens_k[d + 1]};
-    std::vector<Slice> doc = window_slices(q, k, w);
-    const std::int64_t sq = q.size(), g = std::min(num_global, k.size());
-    const WindowEdges e = window_edges(sq, k.size(), w);
-    if (g > 0 && sq > 0 && !e.left_open) {
-      const std::int64_t step_begin = clamp64(1 - e.a, 0, sq);
-      const std::int64_t full_begin = clamp64(g + 1 - e.a, 0, sq);
-      std::vector<Slice> global;
-      if (step_begin < full_begin) {
-        global.push_back({{q.start + step_begin, q.start + full_begin},
-                          {k.start, k.start + full_begin + e.a - 1},
-                          MaskType::kCausal});
-      }
-      push_nonempty(global, {q.start + full_begin, q.end}, {k.start, k.start + g}, MaskType::kFull);
-      global = tidy(std::move(global));
-      doc.insert(doc.end(), global.begin(), global.end());
+    const std::int64_t sq = q.size(), sk = k.size(), g = std::min(num_global, sk);
+    const std::int64_t first_row = first_aligned_row(sq, sk);
+    const WindowEdges e = window_edges(sq, sk, w);
+    if (g == 0 || sq == 0 || e.left_open) {
+      const std::vector<Slice> doc = window_slices_from(q, k, w, first_row);
+      slices.insert(slices.end(), doc.begin(), doc.end());
+      continue;
     }
-    slices.insert(slices.end(), doc.begin(), doc.end());
+    std::vector<Slice> global;
+    const std::int64_t step_begin =
+        std::max(first_row, e.right_open ? std::int64_t{0} : clamp64(-e.c, 0, sq));
+    const std::int64_t full_begin =
+        std::max(step_begin, e.right_open ? std::int64_t{0} : clamp64(g - 1 - e.c, 0, sq));
+    if (step_begin < full_begin) {  // row i sees [0, i + c + 1), which stays below G here
+      global.push_back({{q.start + step_begin, q.start + full_begin},
+                        {k.start, k.start + full_begin + e.c},
+                        MaskType::kCausal});
+    }
+    push_nonempty(global, {q.start + full_begin, q.end}, {k.start, k.start + g}, MaskType::kFull);
+    global = tidy(std::move(global));
+    slices.insert(slices.end(), global.begin(), global.end());
+    const std::vector<Slice> window = window_slices_from(q, {k.start + g, k.end}, w, first_row);
+    slices.insert(slices.end(), window.begin(), window.end());
   }
   return Mask(cu_seqlens_q.back(), cu_seqlens_k.back(), std::move(slices));
 }

@@ -57,10 +57,26 @@ std::int64_t doc_of(const Cu& cu, std::int64_t x) {
   return -1;
 }
 
-// The header's window: local query i sits at p = i + (sk - sq), sees p - left <= j <= p + right.
+// The header's window: local query i sits at p = i + (sk - sq), sees p - left <= j <= p + right;
+// a row with p < 0 sees nothing.
 bool in_window(std::int64_t i, std::int64_t j, std::int64_t sq, std::int64_t sk, masks::Window w) {
   const std::int64_t p = i + (sk - sq);
-  return (w.left < 0 || j >= p - w.left) && (w.right < 0 || j <= p + w.right);
+  return p >= 0 && (w.left < 0 || j >= p - w.left) && (w.right < 0 || j <= p + w.right);
+}
+
+// No two slices of a mask share a (q, k) rectangle cell, let alone a visible one.
+void expect_disjoint_rectangles(const Mask& m, const std::string& note) {
+  const std::vector<Slice>& s = m.slices();
+  for (std::size_t a = 0; a < s.size(); ++a) {
+    for (std::size_t b = a + 1; b < s.size(); ++b) {
+      const bool rows = s[a].q_range.start < s[b].q_range.end &&
+                        s[b].q_range.start < s[a].q_range.end;
+      const bool cols = s[a].k_range.start < s[b].k_range.end &&
+                        s[b].k_range.start < s[a].k_range.end;
+      EXPECT_FALSE(rows && cols) << note << ": " << to_string(s[a]) << " and " << to_string(s[b])
+                                 << " overlap as rectangles";
+    }
+  }
 }
 
 Visible varlen_window_def(Cu cu_q, Cu cu_k, masks::Window w, std::int64_t g) {
@@ -69,7 +85,7 @@ Visible varlen_window_def(Cu cu_q, Cu cu_k, masks::Window w, std::int64_t g) {
     if (d < 0 || doc_of(cu_k, k) != d) return false;
     const std::int64_t i = q - cu_q[d], j = k - cu_k[d];
     const std::int64_t sq = cu_q[d + 1] - cu_q[d], sk = cu_k[d + 1] - cu_k[d];
-    const bool global = j < g && (w.right < 0 || j <= i + (sk - sq) + w.right);
+    const bool global = i + (sk - sq) >= 0 && j < g && (w.right < 0 || j <= i + (sk - sq) + w.right);
     return in_window(i, j, sq, sk, w) || global;
   };
 }
@@ -201,6 +217,7 @@ TEST(MaskBuilders, SlidingWindowEdgeCases) {
       const Mask m = masks::sliding_window(sq, sk, w);
       const auto want = [&](std::int64_t q, std::int64_t k) { return in_window(q, k, sq, sk, w); };
       expect_cells(m, sq, sk, want, note);
+      expect_disjoint_rectangles(m, note);
       EXPECT_LE(m.size(), 3u) << note;
       for (const Slice& s : m.slices()) EXPECT_GT(area(s), 0) << note << " " << to_string(s);
     }
@@ -212,6 +229,12 @@ TEST(MaskBuilders, SlidingWindowEdgeCases) {
   EXPECT_EQ(masks::sliding_window(6, 9, {-1, -1}), masks::full(6, 9));
   EXPECT_EQ(masks::sliding_window(6, 9, {kHuge, kHuge}), masks::full(6, 9));
   EXPECT_EQ(masks::varlen_sliding_window(Cu{0, 9}, {kHuge, kHuge}, 3), masks::full(9, 9));
+  // More queries than keys: only the last sk rows attend (MagiAttention's rule), one slice.
+  using T = MaskType;
+  EXPECT_EQ(masks::window_slices({0, 10}, {0, 4}, {-1, -1}),
+            (std::vector<Slice>{{{6, 10}, {0, 4}, T::kFull}}));
+  EXPECT_EQ(masks::window_slices({0, 10}, {0, 4}, {1, 5}),
+            (std::vector<Slice>{{{6, 7}, {0, 4}, T::kFull}, {{7, 10}, {0, 4}, T::kInvCausal}}));
 }
 
 TEST(MaskBuilders, VarlenSlidingWindowWithGlobals) {
@@ -222,6 +245,7 @@ TEST(MaskBuilders, VarlenSlidingWindowWithGlobals) {
                                std::to_string(w.right) + ") globals " + std::to_string(g);
       const Mask m = masks::varlen_sliding_window(cu_q, cu_k, w, g);
       expect_cells(m, cu_q.back(), cu_k.back(), varlen_window_def(cu_q, cu_k, w, g), note);
+      expect_disjoint_rectangles(m, note);
       EXPECT_LE(m.size(), 5 * num_docs(cu_q)) << note;
     }
   }
@@ -232,6 +256,13 @@ TEST(MaskBuilders, VarlenSlidingWindowWithGlobals) {
   EXPECT_EQ(m, masks::varlen_sliding_window(cu, cu, {2, 0}, 3));
   expect_cells(m, 10, 10, varlen_window_def(cu, cu, {2, 0}, 3), "shorthand");
   EXPECT_EQ(m.size(), 4u) << m.to_string();
+  // Globals [0, 3) first, then the window over keys [3, 10): no rectangle shares a cell.
+  using T = MaskType;
+  EXPECT_EQ(masks::varlen_sliding_window(cu, {2, 0}, 3).slices(),
+            (std::vector<Slice>{{{0, 2}, {0, 2}, T::kCausal},
+                                {{2, 10}, {0, 3}, T::kFull},
+                                {{3, 5}, {3, 5}, T::kCausal},
+                                {{5, 10}, {3, 10}, T::kBiCausal}}));
 }
 
 // ---------------------------------------------------------------- block causal
