@@ -10,6 +10,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "magi/dtype.h"
@@ -108,5 +109,11 @@ class Communicator {
 };
 
 std::string reduce_op_name(ReduceOp op);
+
+// Collective: throws magi::Error on every rank, naming the groups of ranks that agree, unless
+// all ranks pass the same fingerprint of `what` (e.g. "the key's mask, plan and config").
+void check_agree(Communicator& comm, std::uint64_t fingerprint, std::string_view what);
+// 64-bit FNV-1a of bytes: stable across processes and machines (std::hash is not).
+std::uint64_t fingerprint(std::span<const std::byte> bytes, std::uint64_t seed = 0);
 
 }  // namespace magi::comm

@@ -5,11 +5,13 @@
 
 #include <chrono>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "dist_env.h"
+#include "magi/comm.h"
 #include "magi/error.h"
 #include "seed.h"
 
@@ -153,6 +155,38 @@ TEST(Collectives, TransfersProgressWhileSenderComputes) {
   EXPECT_LT(times[1], times[0]) << "rank 1's receive completed only after rank 0 called MPI "
                                    "again: no asynchronous progress";
   w.barrier();
+}
+
+// check_agree: equal fingerprints pass; differing ones fail on every rank with one message that
+// names each group of ranks (here even vs odd ranks), and the communicator stays usable.
+TEST(Collectives, CheckAgreeNamesTheDisagreeingRanks) {
+  auto& w = world();
+  const std::string bytes = "mask and plan";
+  const std::uint64_t same = comm::fingerprint(std::as_bytes(std::span(bytes)));
+  EXPECT_NO_THROW(comm::check_agree(w, same, "the key"));
+  if (w.size() < 2) return;
+  const std::uint64_t mine = w.rank() % 2 ? same + 1 : same;
+  try {
+    comm::check_agree(w, mine, "the key");
+    ADD_FAILURE() << "rank " << w.rank() << ": no error for differing fingerprints";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("disagree on the key"), std::string::npos) << msg;
+    std::string evens = w.size() == 2 ? "rank 0 " : "ranks 0, 2";
+    std::string odds = w.size() <= 3 ? "rank 1 " : "ranks 1, 3";
+    EXPECT_NE(msg.find(evens), std::string::npos) << msg;
+    EXPECT_NE(msg.find(odds), std::string::npos) << msg;
+  }
+  EXPECT_FALSE(w.broken());
+  EXPECT_NO_THROW(comm::check_agree(w, same, "the key"));
+}
+
+TEST(Collectives, FingerprintIsStableAndSeeded) {
+  const std::string a = "abc";
+  // FNV-1a 64 of "abc" (the published test vector): the same in every process and build.
+  EXPECT_EQ(comm::fingerprint(std::as_bytes(std::span(a))), 0xe71fa2190541574bull);
+  EXPECT_NE(comm::fingerprint(std::as_bytes(std::span(a)), 1),
+            comm::fingerprint(std::as_bytes(std::span(a))));
 }
 
 }  // namespace
