@@ -2,6 +2,9 @@
 // the sink is folded in as extra logits whose value rows are zero, so lse, out and dsink all
 // fall out of one plain softmax over (keys ∪ sink) without a separate merge rule to get wrong.
 // Nothing is tiled or fused: each quantity is its textbook definition evaluated in double.
+// Non-finite inputs follow docs/numerics.md by definition: a row that reads a NaN or inf
+// (its q, the k or v of a key it sees, a NaN or +inf sink logit) has out and lse NaN, and so
+// does a row whose result is not finite; a poisoned row's cells give NaN gradients.
 #include "oracle.h"
 
 #include <algorithm>
@@ -23,6 +26,14 @@ std::vector<std::int64_t> keys_of_row(const Mask& mask, std::int64_t q) {
   }
   return keys;
 }
+
+bool all_finite(const double* a, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i)
+    if (!std::isfinite(a[i])) return false;
+  return true;
+}
+
+double nan_max(double a, double b) { return std::isnan(a) || std::isnan(b) ? a + b : std::max(a, b); }
 
 double dot(const double* a, const double* b, std::int64_t n) {
   double acc = 0;
@@ -68,10 +79,36 @@ Ctx make_ctx(const Problem& p) {
              p.heads_kv > 0 ? p.heads_q / p.heads_kv : 1};
 }
 
+// Whether row i of head h reads a NaN or inf through its logits (q or a visible key's k).
+bool logits_poisoned(const Ctx& c, std::int64_t i, std::int64_t h,
+                     const std::vector<std::int64_t>& keys) {
+  if (keys.empty()) return false;
+  if (!all_finite(c.q(i, h), c.p.head_dim)) return true;
+  for (std::int64_t j : keys)
+    if (!all_finite(c.k(j, h), c.p.head_dim)) return true;
+  return false;
+}
+
+bool row_poisoned(const Ctx& c, std::int64_t i, std::int64_t h,
+                  const std::vector<std::int64_t>& keys) {
+  if (logits_poisoned(c, i, h, keys)) return true;
+  for (std::int64_t j : keys)
+    if (!all_finite(c.v(j, h), c.p.head_dim)) return true;
+  for (std::int64_t t = 0; t < c.p.sink_len; ++t) {
+    const double x = c.p.sink[c.sink_idx(i, t, h)];
+    if (std::isnan(x) || x == -kNegInf) return true;
+  }
+  return false;
+}
+
 // One (row, head): lse over keys and sink, and out = sum_j exp(x_j - lse) v_j.
 double row_forward(const Ctx& c, std::int64_t i, std::int64_t h,
                    const std::vector<std::int64_t>& keys, double* out) {
   const Problem& p = c.p;
+  if (row_poisoned(c, i, h, keys)) {
+    std::fill(out, out + p.head_dim, std::numeric_limits<double>::quiet_NaN());
+    return std::numeric_limits<double>::quiet_NaN();
+  }
   std::vector<double> x(keys.size());
   double m = kNegInf;
   for (std::size_t n = 0; n < keys.size(); ++n) {
@@ -90,6 +127,10 @@ double row_forward(const Ctx& c, std::int64_t i, std::int64_t h,
     const double* vj = c.v(keys[n], h);
     for (std::int64_t d = 0; d < p.head_dim; ++d) out[d] += w * vj[d];
   }
+  if (!std::isfinite(lse) || !all_finite(out, p.head_dim)) {
+    std::fill(out, out + p.head_dim, std::numeric_limits<double>::quiet_NaN());
+    return std::numeric_limits<double>::quiet_NaN();
+  }
   return lse;
 }
 
@@ -103,6 +144,8 @@ struct CellGrad {
 };
 CellGrad cell_grad(const Ctx& c, std::int64_t i, std::int64_t j, std::int64_t h, double lse,
                    double delta) {
+  if (std::isnan(lse) || !std::isfinite(delta))  // a poisoned row (or its dout): NaN
+    return {std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::quiet_NaN()};
   const double s = c.score(i, j, h);
   const double prob = std::exp(c.logit(s) - lse);
   const double dp = dot(c.dout(i, h), c.v(j, h), c.p.head_dim);
@@ -130,12 +173,13 @@ FwdResult forward(const Mask& mask, const Problem& p) {
       r.lse[i * hq + h] = row_forward(c, i, h, keys, &r.out[(i * hq + h) * d]);
       double& m = row_max[i * hq + h];
       for (std::int64_t j : keys) m = std::max(m, c.score(i, j, h));
+      if (logits_poisoned(c, i, h, keys)) m = std::numeric_limits<double>::quiet_NaN();
     }
   }
   r.max_logits.assign(hq, kNegInf);
   for (std::int64_t i = 0; i < p.num_q; ++i)
     for (std::int64_t h = 0; h < hq; ++h)
-      r.max_logits[h] = std::max(r.max_logits[h], row_max[i * hq + h]);
+      r.max_logits[h] = nan_max(r.max_logits[h], row_max[i * hq + h]);
   return r;
 }
 

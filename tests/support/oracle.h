@@ -25,7 +25,8 @@ struct Problem {
 struct FwdResult {
   std::vector<double> out;         // [nq, hq, d]
   std::vector<double> lse;         // [nq, hq]; -inf for empty rows without sink
-  std::vector<double> max_logits;  // [hq]; max of scale*q.k over visible cells (pre-softcap)
+  std::vector<double> max_logits;  // [hq]; max of scale*q.k over visible cells (pre-softcap),
+                                   // NaN if a visible cell reads a non-finite q or k
 };
 
 struct BwdResult {

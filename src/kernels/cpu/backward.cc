@@ -3,8 +3,13 @@
 // dk/dv per (64-key tile, kv head) over every q head of its group. Each pass recomputes
 // P = exp(x - lse) from the final lse (and Delta = rowsum(out * dout), precomputed per row);
 // the cost is one extra QK^T and dO V^T, 14 D FLOPs per visible cell where FA2 spends 10 D.
+// Non-finite inputs (docs/numerics.md): the packs store such rows as zeros and flag them; a
+// row that reads one (or whose out, lse or dout is not finite) gets lse NaN, and its visible
+// cells, only those, get P = dS = NaN, so the NaN reaches exactly the gradients it touches.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "../backend.h"
@@ -36,13 +41,18 @@ class Backward {
   Backward(const Mask& mask, const BwdArgs& args, const Resolved& r)
       : mask_(mask), a_(args), r_(r), d_(r.dims.head_dim), nq_(r.dims.num_q),
         hq_(r.dims.heads_q), group_(r.dims.heads_q / r.dims.heads_kv),
-        q_(args.q, T(r.scale), r.num_threads), do_(args.dout, T(1), r.num_threads),
-        k_(args.k, T(1), r.num_threads),
-        kt_(args.k, r.num_threads), vt_(args.v, r.num_threads), ld_(q_.width()) {}
+        q_bad_(hq_, nq_), kv_bad_(r.dims.heads_kv, r.dims.num_k),
+        q_(args.q, T(r.scale), r.num_threads, &q_bad_, kPoisonQ),
+        do_(args.dout, T(1), r.num_threads, &q_bad_, kPoisonDout),
+        k_(args.k, T(1), r.num_threads, &kv_bad_, kPoisonQK),
+        kt_(args.k, r.num_threads, &kv_bad_, kPoisonQK),
+        vt_(args.v, r.num_threads, &kv_bad_, kPoisonV), ld_(q_.width()) {}
 
   void run() {
     prepare_rows();
     const std::vector<TileWork> q_tiles = query_tiles(mask_, kBlockQ);
+    const bool q_bad = q_bad_.any(), kv_bad = kv_bad_.any();
+    if (q_bad || kv_bad) poison_rows(q_tiles, q_bad, kv_bad);
     const std::vector<TileWork> k_tiles = key_tiles(mask_, kBlockK);
     const std::vector<Task> dq_tasks = heavy_first(q_tiles, hq_);
     const std::vector<Task> dkv_tasks = heavy_first(k_tiles, r_.dims.heads_kv);
@@ -80,10 +90,64 @@ class Backward {
           const T* g = do_.at(h, q);
           // Rounded like the micro-kernel's dP = dO V^T, so that a row with one visible key
           // (out = v) gets dP - Delta = 0 exactly rather than rounding noise.
-          delta_[at(h, q)] = dot_like_gemm(o.data(), g, d_);
-          lse_[at(h, q)] = load_scalar<T>(a_.lse, {q, h});
+          const T delta = dot_like_gemm(o.data(), g, d_);
+          const T lse = load_scalar<T>(a_.lse, {q, h});
+          // dout is read by every row with a key or a sink (lse > -inf); a NaN or +inf lse
+          // or a non-finite out poisons the row as well.
+          const bool poisoned = lse != kNegInf<T> && (!std::isfinite(lse) || !std::isfinite(delta) ||
+                                                       (q_bad_.at(h, q) & kPoisonDout));
+          delta_[at(h, q)] = delta;
+          lse_[at(h, q)] = poisoned ? std::numeric_limits<T>::quiet_NaN() : lse;
         }
     }
+  }
+
+  // lse = NaN for the rows that read a flagged input: a flagged q row that sees a key, a row
+  // that sees a flagged key. A pass over the query tiles' key tiles without arithmetic;
+  // each task writes only its own rows.
+  void poison_rows(const std::vector<TileWork>& q_tiles, bool q_bad, bool kv_bad) {
+    constexpr T kNaN = std::numeric_limits<T>::quiet_NaN();
+    const std::vector<std::uint8_t> tile_bad = kv_bad_.per_block(kBlockK);
+    const std::int64_t num_key_tiles = (r_.dims.num_k + kBlockK - 1) / kBlockK;
+    const auto num_tiles = std::int64_t(q_tiles.size());
+#pragma omp parallel for schedule(dynamic, 1) num_threads(r_.num_threads)
+    for (std::int64_t ti = 0; ti < num_tiles; ++ti) {
+      const TileWork& tile = q_tiles[std::size_t(ti)];
+      for (std::int32_t s_idx : tile.slices) {
+        const Slice& s = mask_[std::size_t(s_idx)];
+        const Range rows = tile.rows.intersect(s.q_range);
+        if (q_bad)
+          for (std::int64_t q = rows.start; q < rows.end; ++q)
+            for (std::int64_t h = 0; h < hq_; ++h)
+              if ((q_bad_.at(h, q) & kPoisonQ) && !visible_keys(s, q).empty())
+                lse_[at(h, q)] = kNaN;
+        if (!kv_bad) continue;
+        for_each_key_tile(s, rows, [&](std::int64_t t, Range tile_rows, Range cols, TileClass) {
+          for (std::int64_t g = 0; g < r_.dims.heads_kv; ++g) {
+            if (!tile_bad[std::size_t(g * num_key_tiles + t)]) continue;
+            for (std::int64_t j = cols.start; j < cols.end; ++j) {
+              if (!kv_bad_.at(g, j)) continue;
+              const Range seeing = tile_rows.intersect(rows_seeing(s, Range{j, j + 1}));
+              for (std::int64_t q = seeing.start; q < seeing.end; ++q)
+                for (std::int64_t h = g * group_; h < (g + 1) * group_; ++h) lse_[at(h, q)] = kNaN;
+            }
+          }
+        });
+      }
+    }
+  }
+
+  // A poisoned row: P = dS = NaN on its visible cells, 0 on the others.
+  void poisoned_cells(const Slice& s, std::int64_t q, Range cols, const TileCols& tc,
+                      bool masked, T* pr, T* dpr) const {
+    constexpr T kNaN = std::numeric_limits<T>::quiet_NaN();
+    const std::int64_t width = tc.width();
+    const Range vis = masked ? visible_keys(s, q).intersect(cols) : cols;
+    std::fill_n(pr, width, T(0));
+    std::fill_n(dpr, width, T(0));
+    if (vis.empty()) return;
+    std::fill(pr + (vis.start - tc.base()), pr + (vis.end - tc.base()), kNaN);
+    std::fill(dpr + (vis.start - tc.base()), dpr + (vis.end - tc.base()), kNaN);
   }
 
   // P and dS into b.p and b.dp ([rows x width]) for rows of head h against packed key
@@ -105,6 +169,10 @@ class Backward {
       if (lse == kNegInf<T>) {  // no visible key and no sink: P = 0
         std::fill_n(pr, width, T(0));
         std::fill_n(dpr, width, T(0));
+        continue;
+      }
+      if (std::isnan(lse)) {
+        poisoned_cells(s, rows.start + i, cols, tc, masked, pr, dpr);
         continue;
       }
       if (masked) mask_row(s, rows.start + i, cols, tc.base(), width, pr);
@@ -217,6 +285,8 @@ class Backward {
   const BwdArgs& a_;
   const Resolved& r_;
   const std::int64_t d_, nq_, hq_, group_;
+  NonFinite q_bad_;   // per q head: kPoisonQ, kPoisonDout
+  NonFinite kv_bad_;  // per kv head: kPoisonQK (k), kPoisonV
   const Rows<T> q_, do_, k_;  // scale * Q, dO, K
   const TilePack<T> kt_, vt_;    // K^T and V^T per key tile
   const std::int64_t ld_;

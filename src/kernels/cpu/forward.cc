@@ -2,8 +2,13 @@
 // A task keeps each row's running max m, sum l and unnormalised output O in scratch and
 // folds in every slice touching its rows, 64-key tile by tile, so rows shared by several
 // slices merge without atomics. Only tiles the mask calls partial pay for element masking.
+// Non-finite inputs (docs/numerics.md) never enter the tile loops: the packs store such rows
+// as zeros and flag them, and a row that sees a flagged key or holds a flagged q gets NaN
+// out and lse at the end (one flag test per key tile; the key loop runs only on flagged tiles).
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "../backend.h"
@@ -24,6 +29,7 @@ struct FwdScratch {
   // once per key tile.
   std::int64_t ld;
   Scratch<T> q, o, s, m, l, row;
+  std::vector<std::uint8_t> poison;  // per row: Poison bits (pack.h)
   explicit FwdScratch(std::int64_t head_dim)
       : ld(round_up(head_dim, Simd<T>::kWidth)),
         q(std::size_t(kBlockQ * ld)),
@@ -31,7 +37,8 @@ struct FwdScratch {
         s(std::size_t(kBlockQ * kBlockK)),
         m(kBlockQ),
         l(std::size_t(kBlockQ * Simd<T>::kWidth)),
-        row(std::size_t(ld)) {}
+        row(std::size_t(ld)),
+        poison(std::size_t(kBlockQ)) {}
 };
 
 template <typename T>
@@ -39,8 +46,13 @@ class Forward {
  public:
   Forward(const Mask& mask, const FwdArgs& args, const Resolved& r)
       : mask_(mask), a_(args), r_(r), d_(r.dims.head_dim),
-        group_(r.dims.heads_q / r.dims.heads_kv), kt_(args.k, r.num_threads),
-        v_(args.v, T(1), r.num_threads) {}
+        group_(r.dims.heads_q / r.dims.heads_kv), kv_bad_(r.dims.heads_kv, r.dims.num_k),
+        kt_(args.k, r.num_threads, &kv_bad_, kPoisonQK),
+        v_(args.v, T(1), r.num_threads, &kv_bad_, kPoisonV) {
+    if (!kv_bad_.any()) return;
+    num_key_tiles_ = (r.dims.num_k + kBlockK - 1) / kBlockK;
+    tile_bad_ = kv_bad_.per_block(kBlockK);
+  }
 
   void run() {
     const std::vector<TileWork> tiles = query_tiles(mask_, kBlockQ);
@@ -69,15 +81,22 @@ class Forward {
     std::fill_n(m, num_rows, kNegInf<T>);
     std::fill_n(l, num_rows * kW, T(0));
     std::fill_n(b.o.get(), num_rows * ld, T(0));
+    std::uint8_t* poison = b.poison.data();
+    std::fill_n(poison, num_rows, std::uint8_t(0));
     if (!tile.slices.empty())
-      for (std::int64_t i = 0; i < num_rows; ++i)
-        load_row<T>(a_.q, {q0 + i, h}, d_, T(r_.scale), b.q.get() + i * ld);
+      for (std::int64_t i = 0; i < num_rows; ++i) {
+        T* row = b.q.get() + i * ld;
+        load_row<T>(a_.q, {q0 + i, h}, d_, T(r_.scale), row);
+        if (zero_if_non_finite(row, d_)) poison[i] = kPoisonQ;
+      }
     T raw_max = kNegInf<T>;
     const std::int64_t g = h / group_;
     for (std::int32_t s_idx : tile.slices) {
       const Slice& s = mask_[std::size_t(s_idx)];
       for_each_key_tile(s, tile.rows.intersect(s.q_range),
                         [&](std::int64_t t, Range tile_rows, Range cols, TileClass cls) {
+        if (!tile_bad_.empty() && tile_bad_[std::size_t(g * num_key_tiles_ + t)])
+          poison_rows(s, g, tile_rows, cols, poison - q0);
         const TileCols tc = tile_cols<T>(t, cols);
         const T x = key_tile(s, tile_rows, tile_rows.start - q0, cols, tc,
                              cls == TileClass::kPartial || tc.widened, kt_.tile(g, t) + tc.c0,
@@ -85,10 +104,21 @@ class Forward {
         raw_max = std::max(raw_max, x);
       });
     }
-    finish_rows(tile.rows, h, b);
+    if (finish_rows(tile.rows, h, b)) return std::numeric_limits<T>::quiet_NaN();
     if (r_.softcap > 0) return raw_max;
     for (std::int64_t i = 0; i < num_rows; ++i) raw_max = std::max(raw_max, m[i]);
     return raw_max;
+  }
+
+  // poison[q] |= the bits of every flagged key of cols that row q of rows sees.
+  void poison_rows(const Slice& s, std::int64_t g, Range rows, Range cols,
+                   std::uint8_t* poison) const {
+    for (std::int64_t j = cols.start; j < cols.end; ++j) {
+      const std::uint8_t bits = kv_bad_.at(g, j);
+      if (bits == 0) continue;
+      const Range seeing = rows.intersect(rows_seeing(s, Range{j, j + 1}));
+      for (std::int64_t q = seeing.start; q < seeing.end; ++q) poison[q] |= bits;
+    }
   }
 
   // One key tile of one slice for rows `rows` (first at scratch row r0): scores against
@@ -148,35 +178,54 @@ class Forward {
   // Normalise and merge with the sink and, when accumulating, with the existing out/lse:
   // lse = logaddexp(lse_a, lse_b, lse_sink), out = exp(lse_a - lse) out_a + exp(lse_b - lse)
   // out_b with out_b = O / l, lse_b = m + log l, i.e. exp(lse_b - lse) / l = exp(m - lse).
-  void finish_rows(Range rows, std::int64_t h, FwdScratch<T>& b) const {
+  // A poisoned row, a NaN given lse or sink, or any non-finite result makes the whole row's
+  // out and its lse NaN. Returns whether some row's logits were poisoned (max_logits NaN).
+  bool finish_rows(Range rows, std::int64_t h, FwdScratch<T>& b) const {
+    constexpr T kNaN = std::numeric_limits<T>::quiet_NaN();
     const bool acc = r_.accumulate;
+    bool any_qk = false;
     for (std::int64_t i = 0; i < rows.size(); ++i) {
       const std::int64_t q = rows.start + i;
       const T m = b.m.get()[i], l = S::reduce_sum(S::load(b.l.get() + i * kW));
-      const T lse_b = l > 0 ? m + std::log(l) : kNegInf<T>;
+      // A q row is read only by a row that sees a key (l >= 1 then: its max cell adds 1).
+      const std::uint8_t bits = b.poison[std::size_t(i)];
+      const bool qk = (bits & kPoisonQK) || ((bits & kPoisonQ) && l > 0);
+      any_qk |= qk;
+      const T lse_b = l == 0 ? kNegInf<T> : m + std::log(l);  // NaN stays NaN
       const T lse_a = acc ? load_scalar<T>(a_.lse, {q, h}) : kNegInf<T>;
       const T lse_s = a_.sink ? lse_sink(q, h) : kNegInf<T>;
-      if (acc && lse_b == kNegInf<T> && lse_s == kNegInf<T>) continue;  // untouched
-      const T top = std::max({lse_a, lse_b, lse_s});
-      T lse = kNegInf<T>;
-      if (top != kNegInf<T>)
-        lse = top + std::log(std::exp(lse_a - top) + std::exp(lse_b - top) +
-                             std::exp(lse_s - top));
+      const bool poisoned = qk || (bits & kPoisonV) || std::isnan(lse_a) || std::isnan(lse_s);
+      if (!poisoned && acc && lse_b == kNegInf<T> && lse_s == kNegInf<T>) continue;  // untouched
       T* o = b.o.get() + i * b.ld;
-      if (lse == kNegInf<T>) {
-        std::fill_n(o, d_, T(0));
-      } else {
-        const T cb = l > 0 ? std::exp(m - lse) : T(0);
-        for (std::int64_t c = 0; c < d_; ++c) o[c] *= cb;
-        if (acc && lse_a != kNegInf<T>) {
-          T* row = b.row.get();
-          load_row<T>(a_.out, {q, h}, d_, std::exp(lse_a - lse), row);
-          for (std::int64_t c = 0; c < d_; ++c) o[c] += row[c];
-        }
-      }
+      T lse = poisoned ? kNaN : merge_row(q, h, m, l, lse_a, lse_b, lse_s, o, b);
+      if (std::isnan(lse)) std::fill_n(o, d_, kNaN);
       store_row<T>(a_.out, {q, h}, d_, T(1), o, false);
       store_scalar<T>(a_.lse, {q, h}, lse);
     }
+    return any_qk;
+  }
+
+  // lse = logaddexp(lse_a, lse_b, lse_s) and the merged out row in o; NaN when the result
+  // is not finite (an inf in out or lse, e.g. from a given out that holds one).
+  T merge_row(std::int64_t q, std::int64_t h, T m, T l, T lse_a, T lse_b, T lse_s, T* o,
+              FwdScratch<T>& b) const {
+    const T top = std::max({lse_a, lse_b, lse_s});
+    if (top == kNegInf<T>) {
+      std::fill_n(o, d_, T(0));
+      return kNegInf<T>;
+    }
+    const T lse = top + std::log(std::exp(lse_a - top) + std::exp(lse_b - top) +
+                                 std::exp(lse_s - top));
+    const T cb = l > 0 ? std::exp(m - lse) : T(0);
+    for (std::int64_t c = 0; c < d_; ++c) o[c] *= cb;
+    if (r_.accumulate && lse_a != kNegInf<T>) {
+      T* row = b.row.get();
+      load_row<T>(a_.out, {q, h}, d_, std::exp(lse_a - lse), row);
+      for (std::int64_t c = 0; c < d_; ++c) o[c] += row[c];
+    }
+    bool finite = std::isfinite(lse);
+    for (std::int64_t c = 0; c < d_; ++c) finite &= std::isfinite(o[c]);
+    return finite ? lse : std::numeric_limits<T>::quiet_NaN();
   }
 
   // logsumexp over the sink logits of (row q, head h).
@@ -184,10 +233,12 @@ class Forward {
     const std::int64_t n = std::min<std::int64_t>(r_.dims.sink_len, kMaxSinkLen);
     if (n == 0) return kNegInf<T>;
     T x[kMaxSinkLen];
-    for (std::int64_t j = 0; j < n; ++j)
+    for (std::int64_t j = 0; j < n; ++j) {
       x[j] = r_.sink_layout == SinkLayout::kSH ? load_scalar<T>(*a_.sink, {j, h})
                                                : load_scalar<T>(*a_.sink, {q, j, h});
-    const T top = *std::max_element(x, x + n);
+      if (std::isnan(x[j])) return x[j];  // max_element would skip it
+    }
+    const T top = *std::max_element(x, x + n);  // +inf: inf - inf below makes NaN
     if (top == kNegInf<T>) return top;
     T sum = 0;
     for (std::int64_t j = 0; j < n; ++j) sum += std::exp(x[j] - top);
@@ -198,11 +249,11 @@ class Forward {
     std::vector<T> head_max(std::size_t(r_.dims.heads_q), kNegInf<T>);
     for (std::size_t t = 0; t < tasks.size(); ++t) {
       T& hm = head_max[std::size_t(tasks[t].head_idx)];
-      hm = std::max(hm, task_max[t]);
+      hm = nan_max(hm, task_max[t]);
     }
     for (std::int64_t h = 0; h < r_.dims.heads_q; ++h) {
       T x = head_max[std::size_t(h)];
-      if (r_.accumulate) x = std::max(x, load_scalar<T>(*a_.max_logits, {h}));
+      if (r_.accumulate) x = nan_max(x, load_scalar<T>(*a_.max_logits, {h}));
       store_scalar<T>(*a_.max_logits, {h}, x);
     }
   }
@@ -210,9 +261,16 @@ class Forward {
   const Mask& mask_;
   const FwdArgs& a_;
   const Resolved& r_;
+  // max that keeps a NaN from either side (std::max keeps its first argument).
+  static T nan_max(T a, T b) { return std::isnan(a) || std::isnan(b) ? a + b : std::max(a, b); }
+
   const std::int64_t d_, group_;
+  NonFinite kv_bad_;      // K (kPoisonQK) and V (kPoisonV) rows held NaN/inf, per kv head
   const TilePack<T> kt_;  // K^T per key tile
   const Rows<T> v_;
+  std::int64_t num_key_tiles_ = 0;
+  // Poison bits per (kv head, key tile), tested once per tile visit; empty when none is set.
+  std::vector<std::uint8_t> tile_bad_;
 };
 
 }  // namespace

@@ -3,10 +3,15 @@
 // slower in the micro-kernel than contiguous ones (likely L1 set conflicts), so rows are
 // packed once per call unless the caller's layout already is [H, N, D] in the compute type.
 // K^T (and V^T for the backward) is packed into 64-key tiles, once per call, not per task.
+// A packed row holding a NaN or inf is stored as zeros and flagged (NonFinite): no
+// non-finite value reaches the tile loops, where a masked cell's 0 * NaN would leak it into
+// rows that never see it; the kernels poison the rows that do see it from the flags instead.
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "io.h"
@@ -20,15 +25,61 @@ constexpr DType dtype_of() {
   return sizeof(T) == 8 ? DType::kF64 : DType::kF32;
 }
 
+// Per (head, row) of one input: the poison bits of rows that held a NaN or inf (docs/numerics.md).
+// Bits, so that K and V rows share one array and a row's poison says what it came from.
+enum Poison : std::uint8_t {
+  kPoisonQK = 1,  // q or k: the logits are NaN (max_logits too)
+  kPoisonV = 2,   // v: out only
+  kPoisonQ = 4,   // q of a row, which counts only if the row sees a key
+  kPoisonDout = 8,
+};
+
+class NonFinite {
+ public:
+  NonFinite(std::int64_t heads, std::int64_t n) : n_(n), flag_(std::size_t(heads * n), 0) {}
+  // Rows of distinct (h, i) may be marked from different threads.
+  void mark(std::int64_t h, std::int64_t i, std::uint8_t bits) { flag_[std::size_t(h * n_ + i)] |= bits; }
+  std::uint8_t at(std::int64_t h, std::int64_t i) const { return flag_[std::size_t(h * n_ + i)]; }
+  bool any() const {
+    return std::any_of(flag_.begin(), flag_.end(), [](std::uint8_t f) { return f != 0; });
+  }
+  // Per (head, block of rows): the OR of its rows' bits, [heads][ceil(n / block)].
+  std::vector<std::uint8_t> per_block(std::int64_t block) const {
+    const std::int64_t blocks = (n_ + block - 1) / block;
+    const std::int64_t heads = n_ > 0 ? std::int64_t(flag_.size()) / n_ : 0;
+    std::vector<std::uint8_t> out(std::size_t(heads * blocks), 0);
+    for (std::int64_t h = 0; h < heads; ++h)
+      for (std::int64_t i = 0; i < n_; ++i) out[std::size_t(h * blocks + i / block)] |= at(h, i);
+    return out;
+  }
+
+ private:
+  std::int64_t n_;
+  std::vector<std::uint8_t> flag_;
+};
+
+// Zeroes row[0, n) and returns true when it holds a NaN or inf; O(n), once per packed row.
+template <typename T>
+inline bool zero_if_non_finite(T* row, std::int64_t n) {
+  bool finite = true;
+  for (std::int64_t i = 0; i < n; ++i) finite &= std::isfinite(row[i]);
+  if (!finite) std::fill_n(row, n, T(0));
+  return !finite;
+}
+
 // Rows of x [n, heads, d] times mult: at(h, i) is row i of head h, rows of one head
 // `stride()` apart, each `width()` = d rounded up to the vector width long (zero padded).
+// With `bad`, rows holding a NaN or inf are packed as zeros and marked with `bits` (a
+// layout that could be read in place is then packed too).
 template <typename T>
 class Rows {
  public:
-  Rows(const TensorView& x, T mult, int num_threads)
+  Rows(const TensorView& x, T mult, int num_threads, NonFinite* bad = nullptr,
+       std::uint8_t bits = 0)
       : width_(round_up(x.shape[2], Simd<T>::kWidth)),
-        pack_(in_place(x, mult) ? 0 : std::size_t(x.shape[1] * x.shape[0] * width_), false) {
-    if (in_place(x, mult)) {
+        read_in_place_(in_place(x, mult) && (bad == nullptr || all_finite(x, num_threads))),
+        pack_(read_in_place_ ? 0 : std::size_t(x.shape[1] * x.shape[0] * width_), false) {
+    if (read_in_place_) {
       base_ = static_cast<const T*>(x.data);
       row_stride_ = x.stride[0];
       head_stride_ = x.stride[1];
@@ -41,6 +92,7 @@ class Rows {
       for (std::int64_t h = 0; h < heads; ++h) {
         T* row = dst + (h * n + i) * width_;
         load_row<T>(x, {i, h}, d, mult, row);
+        if (bad != nullptr && zero_if_non_finite(row, d)) bad->mark(h, i, bits);
         std::fill(row + d, row + width_, T(0));
       }
     base_ = dst;
@@ -60,8 +112,22 @@ class Rows {
     return x.dtype == dtype_of<T>() && mult == T(1) && x.shape[2] % Simd<T>::kWidth == 0 &&
            (x.shape[0] <= 1 || x.stride[0] == x.shape[2]);
   }
+  // One read of a tensor that in_place() accepts: per head, N x D contiguous elements.
+  static bool all_finite(const TensorView& x, int num_threads) {
+    const std::int64_t heads = x.shape[1], per_head = x.shape[0] * x.shape[2];
+    bool finite = true;
+#pragma omp parallel for reduction(&& : finite) schedule(static) num_threads(num_threads)
+    for (std::int64_t h = 0; h < heads; ++h) {
+      const T* p = static_cast<const T*>(x.data) + h * x.stride[1];
+      bool head_finite = true;
+      for (std::int64_t i = 0; i < per_head; ++i) head_finite &= std::isfinite(p[i]);
+      finite = finite && head_finite;
+    }
+    return finite;
+  }
 
   std::int64_t width_;
+  bool read_in_place_;
   Scratch<T> pack_;  // empty when rows are read in place
   const T* base_ = nullptr;
   std::int64_t row_stride_ = 0, head_stride_ = 0;
@@ -69,10 +135,11 @@ class Rows {
 
 // x [n, heads, d] transposed per key tile: [heads][tile][d][kBlockK], column j of tile t is
 // row t * kBlockK + j of x; columns past n are zero. The B operand of Q K^T and dO V^T.
+// With `bad`, rows holding a NaN or inf are packed as zeros and marked with `bits`.
 template <typename T>
 class TilePack {
  public:
-  TilePack(const TensorView& x, int num_threads)
+  TilePack(const TensorView& x, int num_threads, NonFinite* bad = nullptr, std::uint8_t bits = 0)
       : heads_(x.shape[1]),
         num_tiles_((x.shape[0] + kBlockK - 1) / kBlockK),
         d_(x.shape[2]),
@@ -86,8 +153,11 @@ class TilePack {
       for (std::int64_t t = 0; t < num_tiles_; ++t)
         for (std::int64_t h = 0; h < heads_; ++h) {
           const std::int64_t nk = std::min(kBlockK, n - t * kBlockK);
-          for (std::int64_t j = 0; j < nk; ++j)
-            load_row<T>(x, {t * kBlockK + j, h}, d_, T(1), rows.data() + j * d_);
+          for (std::int64_t j = 0; j < nk; ++j) {
+            T* row = rows.data() + j * d_;
+            load_row<T>(x, {t * kBlockK + j, h}, d_, T(1), row);
+            if (bad != nullptr && zero_if_non_finite(row, d_)) bad->mark(h, t * kBlockK + j, bits);
+          }
           std::fill(rows.begin() + nk * d_, rows.end(), T(0));
           transpose(rows.data(), data_.get() + (h * num_tiles_ + t) * d_ * kBlockK);
         }
