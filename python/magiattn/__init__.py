@@ -43,7 +43,9 @@ from .masks import (
     varlen_full,
     varlen_sliding_window,
 )
-from .ranges import AttnRange, AttnRanges, RangeError
+from .ranges import (AttnRange, AttnRanges, RangeError, check_valid_cu_seqlens,
+                     is_valid_cu_seqlens)
+from .attn_mask import AttnMask
 from .plan import DistAttnConfig, load_plan, make_plan, plan_bytes_matrix, plan_cells
 from .dist import (
     Communicator,
@@ -58,6 +60,8 @@ from .dist import (
     undispatch,
     world_communicator,
 )
+from .compat import (clear_cache, compute_pad_size, get_most_recent_key, magi_attn_flex_dispatch,
+                     magi_attn_varlen_dispatch, roll_simple, squash_batch_dim)
 from .viz import plot_mask, plot_plan, save_mask_png
 
 try:
@@ -68,7 +72,10 @@ except Exception:  # not installed as a distribution (e.g. a build tree on sys.p
     __version__ = "0.0.0+unknown"
 
 __all__ = [
-    "AttnForwardMeta", "AttnMaskType", "AttnRange", "AttnRanges", "Mask", "RangeError",
+    "AttnForwardMeta", "AttnMask", "AttnMaskType", "AttnRange", "AttnRanges", "Mask",
+    "RangeError", "check_valid_cu_seqlens", "is_valid_cu_seqlens",
+    "clear_cache", "compute_pad_size", "get_most_recent_key", "magi_attn_flex_dispatch",
+    "magi_attn_varlen_dispatch", "roll_simple", "squash_batch_dim",
     "Communicator", "DistAttnConfig", "DistAttnRuntimeKey", "calc_attn", "calc_attn_backward",
     "dispatch", "get_position_ids", "magi_attn_flex_key", "magi_attn_varlen_key", "roll",
     "undispatch", "world_communicator",

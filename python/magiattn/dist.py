@@ -199,6 +199,16 @@ def _config(dist_attn_config: Optional[DistAttnConfig],
     return config
 
 
+# The most recent key per cp group (MagiAttention's get_most_recent_key / clear_cache), keyed
+# by the group object the caller passed (None: the world). Weak, so a key the caller dropped
+# is not kept alive to the interpreter's exit.
+_recent_keys: "dict[int, tuple[Any, weakref.ref]]" = {}
+
+
+def _remember_key(cp_group_or_mesh: Any, key: "DistAttnRuntimeKey") -> None:
+    _recent_keys[id(cp_group_or_mesh)] = (cp_group_or_mesh, weakref.ref(key))
+
+
 def magi_attn_flex_key(q_ranges: Any, k_ranges: Any, attn_mask_type: Any, total_seqlen_q: int,
                        total_seqlen_k: int, num_heads_q: int, num_heads_kv: int, head_dim: int,
                        pad_size: int = 0, cp_group_or_mesh: Any = None,
@@ -222,8 +232,10 @@ def magi_attn_flex_key(q_ranges: Any, k_ranges: Any, attn_mask_type: Any, total_
     config = _config(dist_attn_config, chunk_size)
     mask = make_mask(q_ranges, k_ranges, attn_mask_type, total_seqlen_q, total_seqlen_k)
     comm = _group(cp_group_or_mesh)
-    return DistAttnRuntimeKey(mask, plan_json(mask, comm.size, config), comm, num_heads_q,
-                              num_heads_kv, head_dim, config)
+    key = DistAttnRuntimeKey(mask, plan_json(mask, comm.size, config), comm, num_heads_q,
+                             num_heads_kv, head_dim, config)
+    _remember_key(cp_group_or_mesh, key)
+    return key
 
 
 def magi_attn_varlen_key(cu_seqlens_q: Any, cu_seqlens_k: Any, num_heads_q: int,

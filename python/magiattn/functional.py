@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import sys
 import threading
+import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -151,6 +152,76 @@ def _compute_dtype(dtype: np.dtype) -> type:
     return np.float64 if dtype == np.float64 else np.float32
 
 
+# ---- MagiAttention's kernel keywords ----------------------------------------------------------
+# Keywords that only choose how MagiAttention's kernel runs (its atomics, tile shapes, loop
+# order, GQA packing): the result is the same attention, so they are accepted and ignored,
+# with one warning per keyword per process when a non-default value arrives.
+_TUNING_DEFAULTS = {
+    "q_block_size": 1, "k_block_size": 1, "disable_fwd_atomic_reduction": False,
+    "disable_bwd_dkv_atomic_reduction": False, "ref_block_size": None, "max_seqlen_q": None,
+    "auto_range_merge": False, "swap_ab": False, "pack_gqa": False, "cat_gqa": False,
+    "sparse_load": False, "swap_bwd_qk_loop": False,
+}
+_BOOL_KNOBS = ("disable_fwd_atomic_reduction", "disable_bwd_dkv_atomic_reduction",
+               "auto_range_merge", "swap_ab", "pack_gqa", "cat_gqa", "sparse_load",
+               "swap_bwd_qk_loop")
+_warned: set = set()
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+def _compiling() -> bool:
+    torch = sys.modules.get("torch")
+    compiler = getattr(torch, "compiler", None) if torch is not None else None
+    return compiler is not None and compiler.is_compiling()
+
+
+def _check_sm_margin(sm_margin: Any) -> int:
+    if not _is_int(sm_margin) or sm_margin < 0:
+        raise ValueError(f"sm_margin: {sm_margin!r} must be an int >= 0 (SMs left free on the "
+                         "GPU; the CPU ignores it)")
+    return int(sm_margin)
+
+
+def _check_tuning(index_attn_indices: Any, index_attn: Any, knobs: dict) -> None:
+    """Validate MagiAttention's kernel keywords; warn once for each non-default no-op."""
+    if index_attn_indices is not None:
+        raise NotImplementedError(
+            "index_attn_indices: per-kv-head token index lists are not supported (a magiattn "
+            "mask is one slice list shared by every head); pass q_ranges/k_ranges instead, "
+            "e.g. from block_sparse_topk, with one call per kv head if the heads differ")
+    if not isinstance(index_attn, (bool, np.bool_)):
+        raise ValueError(f"index_attn: {index_attn!r} must be a bool")
+    if index_attn:
+        raise ValueError("index_attn=True selects MagiAttention's index_attn_indices kernel "
+                         "path, which magiattn does not have (and needs index_attn_indices)")
+    for name in _BOOL_KNOBS:
+        if not isinstance(knobs[name], (bool, np.bool_)):
+            raise ValueError(f"{name}: {knobs[name]!r} must be a bool")
+    for name in ("q_block_size", "k_block_size"):
+        if not _is_int(knobs[name]) or knobs[name] <= 0:
+            raise ValueError(f"{name}: {knobs[name]!r} must be a positive int")
+    msl = knobs["max_seqlen_q"]
+    if msl is not None and (not _is_int(msl) or msl < 0):
+        raise ValueError(f"max_seqlen_q: {msl!r} must be None or an int >= 0")
+    rbs = knobs["ref_block_size"]
+    if rbs is not None and (not isinstance(rbs, (tuple, list)) or len(rbs) != 2
+                            or not all(_is_int(b) and b > 0 for b in rbs)):
+        raise ValueError(f"ref_block_size: {rbs!r} must be None or a pair of positive ints")
+    if _compiling():  # dynamo cannot trace warnings.warn (fullgraph would fail): no warning
+        return
+    for name, default in _TUNING_DEFAULTS.items():
+        value = knobs[name]
+        if name not in _warned and (value != default if default is not None else
+                                    value is not None):
+            _warned.add(name)
+            warnings.warn(f"flex_flash_attn_func: {name}={value!r} only tunes MagiAttention's "
+                          "kernel; magiattn accepts it and ignores it (same result)",
+                          UserWarning, stacklevel=3)
+
+
 # ---- public API -------------------------------------------------------------------------------
 def flex_flash_attn_func(
     q: Any,
@@ -160,22 +231,55 @@ def flex_flash_attn_func(
     k_ranges: Any = None,
     attn_type_map: Any = None,
     *,
+    index_attn_indices: Any = None,
+    q_block_size: int = 1,
+    k_block_size: int = 1,
     sink: Any = None,
     sink_layout: str = "sh",
     softmax_scale: Optional[float] = None,
     softcap: float = 0.0,
     deterministic: bool = False,
+    sm_margin: int = 0,
+    disable_fwd_atomic_reduction: bool = False,
+    disable_bwd_dkv_atomic_reduction: bool = False,
+    ref_block_size: Optional[tuple[int, int]] = None,
+    max_seqlen_q: Optional[int] = None,
+    auto_range_merge: bool = False,
+    swap_ab: bool = False,
+    pack_gqa: bool = False,
+    cat_gqa: bool = False,
+    sparse_load: bool = False,
+    index_attn: bool = False,
+    swap_bwd_qk_loop: bool = False,
     return_max_logits: bool = False,
     mask: Optional[Mask] = None,
 ) -> tuple[Any, AttnForwardMeta]:
-    """Attention over a slice-list mask (SPEC §2), MagiAttention's signature.
+    """Attention over a slice-list mask (SPEC §2), MagiAttention 1.1.1's signature.
 
     q ``[Nq, Hq, D]``, k/v ``[Nk, Hkv, D]`` (``Hq % Hkv == 0``); ``q_ranges``/``k_ranges`` int
     ``[N, 2]`` and ``attn_type_map`` int ``[N]`` (0 full, 1 causal, 2 inv_causal, 3 bi_causal;
     None = all full), or ``mask=`` a ``Mask`` instead. ``sink`` is ``[S, Hq]`` ("sh") or
     ``[Nq, S, Hq]`` ("ssh"). Returns ``out`` (q's dtype) and ``AttnForwardMeta(lse,
     max_logits)``. numpy inputs give numpy outputs; torch tensors use the autograd custom op.
+
+    MagiAttention's other keywords: ``sm_margin`` (int >= 0) leaves that many SMs free on the
+    GPU, forward and backward; on the CPU it is checked and ignored. These only tune
+    MagiAttention's kernel and are **accepted as no-ops** (validated; a non-default value warns
+    once per keyword per process, not while ``torch.compile`` traces): ``q_block_size``, ``k_block_size``,
+    ``disable_fwd_atomic_reduction``, ``disable_bwd_dkv_atomic_reduction``, ``ref_block_size``,
+    ``max_seqlen_q``, ``auto_range_merge``, ``swap_ab``, ``pack_gqa``, ``cat_gqa``,
+    ``sparse_load``, ``swap_bwd_qk_loop`` (deterministic mode stays available with it).
+    ``index_attn_indices`` (per-kv-head token lists) raises NotImplementedError and
+    ``index_attn=True`` raises ValueError: magiattn has no such mask form.
     """
+    sm_margin = _check_sm_margin(sm_margin)
+    _check_tuning(index_attn_indices, index_attn, dict(
+        q_block_size=q_block_size, k_block_size=k_block_size,
+        disable_fwd_atomic_reduction=disable_fwd_atomic_reduction,
+        disable_bwd_dkv_atomic_reduction=disable_bwd_dkv_atomic_reduction,
+        ref_block_size=ref_block_size, max_seqlen_q=max_seqlen_q,
+        auto_range_merge=auto_range_merge, swap_ab=swap_ab, pack_gqa=pack_gqa, cat_gqa=cat_gqa,
+        sparse_load=sparse_load, swap_bwd_qk_loop=swap_bwd_qk_loop))
     q_ranges, k_ranges, attn_type_map = _resolve_ranges(mask, q, k, q_ranges, k_ranges,
                                                         attn_type_map)
     if _is_torch(q, k, v):
@@ -184,7 +288,7 @@ def flex_flash_attn_func(
         return torch_ops.flex_flash_attn_func(
             q, k, v, q_ranges, k_ranges, attn_type_map, sink=sink, sink_layout=sink_layout,
             softmax_scale=softmax_scale, softcap=softcap, deterministic=deterministic,
-            return_max_logits=return_max_logits)
+            return_max_logits=return_max_logits, sm_margin=sm_margin)
     for x, name in ((q, "q"), (k, "k"), (v, "v")):
         _check_ndim(x, name, 3)
     m = get_mask(q.shape[0], k.shape[0], q_ranges, k_ranges, attn_type_map)
@@ -194,7 +298,7 @@ def flex_flash_attn_func(
     max_logits = np.empty(q.shape[1], dtype=compute) if return_max_logits else None
     _C.forward(q, k, v, m, out, lse, sink=sink, max_logits=max_logits,
                softmax_scale=softmax_scale, softcap=softcap, sink_layout=sink_layout,
-               deterministic=deterministic)
+               deterministic=deterministic, sm_margin=sm_margin)
     return out, AttnForwardMeta(lse=lse, max_logits=max_logits)
 
 
@@ -214,14 +318,16 @@ def flex_flash_attn_backward(
     softmax_scale: Optional[float] = None,
     softcap: float = 0.0,
     deterministic: bool = False,
+    sm_margin: int = 0,
     mask: Optional[Mask] = None,
 ) -> tuple[Any, Any, Any, Any]:
     """Gradients ``(dq, dk, dv, dsink)`` of ``flex_flash_attn_func`` for upstream ``dout``.
 
     ``out`` and ``lse`` are the forward results (after the sink). dq/dk/dv have the dtypes of
     q/k/v, dsink that of sink (None without a sink). Works on numpy arrays and, without
-    autograd, on torch tensors.
+    autograd, on torch tensors. ``sm_margin`` as in ``flex_flash_attn_func``.
     """
+    sm_margin = _check_sm_margin(sm_margin)
     q_ranges, k_ranges, attn_type_map = _resolve_ranges(mask, q, k, q_ranges, k_ranges,
                                                         attn_type_map)
     if _is_torch(dout, q, k, v):
@@ -230,7 +336,7 @@ def flex_flash_attn_backward(
         return torch_ops.flex_flash_attn_backward(
             dout, q, k, v, out, lse, q_ranges, k_ranges, attn_type_map, sink=sink,
             sink_layout=sink_layout, softmax_scale=softmax_scale, softcap=softcap,
-            deterministic=deterministic)
+            deterministic=deterministic, sm_margin=sm_margin)
     for x, name in ((dout, "dout"), (q, "q"), (k, "k"), (v, "v")):
         _check_ndim(x, name, 3)
     m = get_mask(q.shape[0], k.shape[0], q_ranges, k_ranges, attn_type_map)
@@ -240,5 +346,5 @@ def flex_flash_attn_backward(
     dsink = None if sink is None else np.empty(np.shape(sink), dtype=np.asarray(sink).dtype)
     _C.backward(dout, q, k, v, out, lse, dq, dk, dv, m, sink=sink, dsink=dsink,
                 softmax_scale=softmax_scale, softcap=softcap, sink_layout=sink_layout,
-                deterministic=deterministic)
+                deterministic=deterministic, sm_margin=sm_margin)
     return dq, dk, dv, dsink

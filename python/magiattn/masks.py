@@ -62,12 +62,13 @@ class AttnMaskType(str, enum.Enum):
         return _TYPE_TO_INT[self]
 
     @classmethod
-    def from_int_type(cls, value: int) -> "AttnMaskType":
+    def from_int_type(cls, int_type: int) -> "AttnMaskType":
+        """0 FULL, 1 CAUSAL, 2 INVCAUSAL, 3 BICAUSAL; anything else is a ValueError."""
         try:
-            return _INT_TO_TYPE[int(value)]
-        except KeyError:
-            raise ValueError(f"mask type {value} is not 0 (full), 1 (causal), 2 (inv_causal) "
-                             "or 3 (bi_causal)") from None
+            return _INT_TO_TYPE[int(int_type)]
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"mask type {int_type!r} is not 0 (full), 1 (causal), "
+                             "2 (inv_causal) or 3 (bi_causal)") from None
 
 
 _TYPE_TO_INT = {AttnMaskType.FULL: 0, AttnMaskType.CAUSAL: 1, AttnMaskType.INVCAUSAL: 2,
@@ -158,11 +159,12 @@ def infer_attn_mask_from_cu_seqlens(
     ``window_size = (left, right)`` (-1 = unbounded) is bottom-right aligned per document like
     flash-attn; ``causal=True`` requires ``window_size == (-1, -1)``. ``global_window_size = G``
     lets every query also see the first G keys of its document, capped at its window's right
-    edge (the C++ ``varlen_sliding_window`` with ``num_global``).
+    edge (the C++ ``varlen_sliding_window`` with ``num_global``); the slices' rectangles are
+    disjoint. With ``window_size == (-1, -1)`` the globals add nothing, as in MagiAttention.
     """
     cu_q = _cu_list(cu_seqlens_q, "cu_seqlens_q")
     cu_k = _cu_list(cu_seqlens_k, "cu_seqlens_k")
-    left, right = (int(w) for w in window_size)
+    left, right = _window(window_size)
     if causal and (left, right) != (-1, -1):
         raise ValueError(f"window_size {tuple(window_size)}: must be (-1, -1) when causal=True "
                          "(a causal sliding window is window_size=(left, 0))")
@@ -178,21 +180,43 @@ def infer_attn_mask_from_cu_seqlens(
     return q_ranges, k_ranges, types, mask.total_seqlen_q, mask.total_seqlen_k
 
 
+def _window(window_size: Any) -> tuple[int, int]:
+    try:
+        left, right = (int(w) for w in window_size)
+    except (TypeError, ValueError):
+        raise ValueError(f"window_size: {window_size!r} must be a pair of ints (left, right), "
+                         "-1 meaning unbounded") from None
+    return left, right
+
+
 def infer_attn_mask_from_sliding_window(
     q_range: Union[AttnRange, Sequence[int]],
     k_range: Union[AttnRange, Sequence[int]],
     window_size: tuple[int, int],
 ) -> tuple[AttnRanges, AttnRanges, list[AttnMaskType]]:
-    """The (at most 3) slices of a bottom-right aligned window over one q/k block."""
+    """The (at most 3) slices of a bottom-right aligned window over one q/k block. When the q
+    range is longer than the k range only its last ``sk`` rows attend (MagiAttention's rule:
+    the first ``sq - sk`` rows sit left of key 0 and see nothing)."""
     q, k = AttnRange.from_range(q_range), AttnRange.from_range(k_range)
-    left, right = (int(w) for w in window_size)
+    left, right = _window(window_size)
     mask = sliding_window(q.seqlen, k.seqlen, left, right)
     return (AttnRanges((s + q.start, e + q.start) for s, e in mask.q_ranges().tolist()),
             AttnRanges((s + k.start, e + k.start) for s, e in mask.k_ranges().tolist()),
             [AttnMaskType.from_int_type(t) for t in mask.attn_type_map()])
 
 
-def infer_varlen_mask_from_batch(batch_size: int, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
-    """``cu_seqlens_q, cu_seqlens_k`` of a padded batch packed as ``[batch * seq, ...]``."""
-    cu = np.arange(batch_size + 1, dtype=np.int64) * seq_len
-    return cu, cu.copy()
+def infer_varlen_mask_from_batch(batch_size: int, seq_len: int,
+                                 device: Any = None) -> tuple[Any, Any]:
+    """``cu_seqlens_q, cu_seqlens_k`` of a padded batch packed as ``[batch * seq, ...]``:
+    int64 numpy arrays, or with ``device`` (MagiAttention's default is "cuda") int32 torch
+    tensors on it."""
+    for name, v in (("batch_size", batch_size), ("seq_len", seq_len)):
+        if int(v) != v or v < 0:
+            raise ValueError(f"{name}: {v!r} must be an int >= 0")
+    cu = np.arange(int(batch_size) + 1, dtype=np.int64) * int(seq_len)
+    if device is None:
+        return cu, cu.copy()
+    import torch
+
+    t = torch.from_numpy(cu).to(dtype=torch.int32, device=device)
+    return t, t.clone()

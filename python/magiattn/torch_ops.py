@@ -30,7 +30,7 @@ def ffa_forward(
     q: Tensor, k: Tensor, v: Tensor, q_ranges: Tensor, k_ranges: Tensor,
     attn_type_map: Optional[Tensor], sink: Optional[Tensor], sink_layout: str,
     softmax_scale: Optional[float], softcap: float, deterministic: bool,
-    return_max_logits: bool,
+    return_max_logits: bool, sm_margin: int = 0,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """``(out [Nq,Hq,D] in q's dtype, lse [Nq,Hq], max_logits [Hq] or [0])``."""
     mask = get_mask(q.shape[0], k.shape[0], q_ranges, k_ranges, attn_type_map)
@@ -43,14 +43,14 @@ def ffa_forward(
                sink=None if sink is None else sink.detach(),
                max_logits=max_logits if return_max_logits else None,
                softmax_scale=softmax_scale, softcap=softcap, sink_layout=sink_layout,
-               deterministic=deterministic,
+               deterministic=deterministic, sm_margin=sm_margin,
                cuda_stream=torch.cuda.current_stream(q.device).cuda_stream if q.is_cuda else 0)
     return out, lse, max_logits
 
 
 @ffa_forward.register_fake
 def _ffa_forward_fake(q, k, v, q_ranges, k_ranges, attn_type_map, sink, sink_layout,
-                      softmax_scale, softcap, deterministic, return_max_logits):
+                      softmax_scale, softcap, deterministic, return_max_logits, sm_margin=0):
     compute = _compute_dtype(q.dtype)
     return (q.new_empty(q.shape), q.new_empty(q.shape[:2], dtype=compute),
             q.new_empty((q.shape[1] if return_max_logits else 0,), dtype=compute))
@@ -60,7 +60,7 @@ def _ffa_forward_fake(q, k, v, q_ranges, k_ranges, attn_type_map, sink, sink_lay
 def ffa_backward(
     dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, q_ranges: Tensor,
     k_ranges: Tensor, attn_type_map: Optional[Tensor], sink: Optional[Tensor], sink_layout: str,
-    softmax_scale: Optional[float], softcap: float, deterministic: bool,
+    softmax_scale: Optional[float], softcap: float, deterministic: bool, sm_margin: int = 0,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(dq, dk, dv, dsink)``; dsink is an empty tensor when there is no sink."""
     mask = get_mask(q.shape[0], k.shape[0], q_ranges, k_ranges, attn_type_map)
@@ -74,13 +74,14 @@ def ffa_backward(
     _C.backward(dout.detach(), q.detach(), k.detach(), v.detach(), out.detach(), lse.detach(),
                 dq, dk, dv, mask, sink=None if sink is None else sink.detach(),
                 dsink=None if sink is None else dsink, softmax_scale=softmax_scale,
-                softcap=softcap, sink_layout=sink_layout, deterministic=deterministic)
+                softcap=softcap, sink_layout=sink_layout, deterministic=deterministic,
+                sm_margin=sm_margin)
     return dq, dk, dv, dsink
 
 
 @ffa_backward.register_fake
 def _ffa_backward_fake(dout, q, k, v, out, lse, q_ranges, k_ranges, attn_type_map, sink,
-                       sink_layout, softmax_scale, softcap, deterministic):
+                       sink_layout, softmax_scale, softcap, deterministic, sm_margin=0):
     dsink = (q.new_empty((0,), dtype=_compute_dtype(q.dtype)) if sink is None
              else sink.new_empty(sink.shape))
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dsink
@@ -88,11 +89,11 @@ def _ffa_backward_fake(dout, q, k, v, out, lse, q_ranges, k_ranges, attn_type_ma
 
 def _setup_context(ctx, inputs, output) -> None:
     (q, k, v, q_ranges, k_ranges, attn_type_map, sink, sink_layout, softmax_scale, softcap,
-     deterministic, _return_max_logits) = inputs
+     deterministic, _return_max_logits, sm_margin) = inputs
     out, lse, max_logits = output
     ctx.save_for_backward(q, k, v, out, lse, q_ranges, k_ranges, attn_type_map, sink)
     ctx.has_sink = sink is not None
-    ctx.options = (sink_layout, softmax_scale, softcap, deterministic)
+    ctx.options = (sink_layout, softmax_scale, softcap, deterministic, sm_margin)
     ctx.mark_non_differentiable(lse, max_logits)
 
 
@@ -104,7 +105,7 @@ def _backward(ctx, dout, _dlse, _dmax_logits):
         dout.contiguous(), q, k, v, out, lse, q_ranges, k_ranges, attn_type_map, sink,
         *ctx.options)
     return (dq, dk, dv, None, None, None, dsink if ctx.has_sink else None, None, None, None,
-            None, None)
+            None, None, None)
 
 
 torch.library.register_autograd("magiattn::ffa_forward", _backward, setup_context=_setup_context)
@@ -144,7 +145,8 @@ def flex_flash_attn_func(q: Tensor, k: Tensor, v: Tensor, q_ranges: Any, k_range
                          attn_type_map: Any = None, *, sink: Optional[Tensor] = None,
                          sink_layout: str = "sh", softmax_scale: Optional[float] = None,
                          softcap: float = 0.0, deterministic: bool = False,
-                         return_max_logits: bool = False) -> tuple[Tensor, AttnForwardMeta]:
+                         return_max_logits: bool = False,
+                         sm_margin: int = 0) -> tuple[Tensor, AttnForwardMeta]:
     """The torch half of ``magiattn.flex_flash_attn_func`` (differentiable in q, k, v, sink)."""
     _check_qkv(q=q, k=k, v=v)
     q_ranges = _int_tensor(q_ranges, "q_ranges")
@@ -152,7 +154,7 @@ def flex_flash_attn_func(q: Tensor, k: Tensor, v: Tensor, q_ranges: Any, k_range
         q, k, v, q_ranges, _int_tensor(k_ranges, "k_ranges"),
         _type_tensor(attn_type_map, q_ranges.shape[0]), sink, sink_layout,
         None if softmax_scale is None else float(softmax_scale), float(softcap),
-        bool(deterministic), bool(return_max_logits))
+        bool(deterministic), bool(return_max_logits), int(sm_margin))
     return out, AttnForwardMeta(lse=lse, max_logits=max_logits if return_max_logits else None)
 
 
@@ -160,7 +162,7 @@ def flex_flash_attn_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out:
                              lse: Tensor, q_ranges: Any, k_ranges: Any, attn_type_map: Any = None,
                              *, sink: Optional[Tensor] = None, sink_layout: str = "sh",
                              softmax_scale: Optional[float] = None, softcap: float = 0.0,
-                             deterministic: bool = False):
+                             deterministic: bool = False, sm_margin: int = 0):
     """Explicit backward on tensors (no autograd graph): ``(dq, dk, dv, dsink or None)``."""
     _check_qkv(dout=dout, q=q, k=k, v=v)
     q_ranges = _int_tensor(q_ranges, "q_ranges")
@@ -168,5 +170,5 @@ def flex_flash_attn_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out:
         dout, q, k, v, out, lse, q_ranges, _int_tensor(k_ranges, "k_ranges"),
         _type_tensor(attn_type_map, q_ranges.shape[0]), sink, sink_layout,
         None if softmax_scale is None else float(softmax_scale), float(softcap),
-        bool(deterministic))
+        bool(deterministic), int(sm_margin))
     return dq, dk, dv, (dsink if sink is not None else None)

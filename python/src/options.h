@@ -11,7 +11,7 @@ namespace magi::py {
 
 inline AttnOptions attn_options(std::optional<double> softmax_scale, double softcap,
                                 const std::string& sink_layout, bool accumulate, bool deterministic,
-                                int num_threads) {
+                                int num_threads, int sm_margin = 0) {
   AttnOptions o;
   o.softmax_scale = softmax_scale;
   o.softcap = softcap;
@@ -19,6 +19,7 @@ inline AttnOptions attn_options(std::optional<double> softmax_scale, double soft
   o.accumulate = accumulate;
   o.deterministic = deterministic;
   o.num_threads = num_threads;
+  o.sm_margin = sm_margin;  // validated (>= 0) by attn_forward / attn_backward; CPU ignores it
   return o;
 }
 

@@ -166,11 +166,19 @@ def test_make_mask_and_magi_helpers():
     qr, kr, types = magiattn.mask_to_ranges(m)
     assert qr == R([(0, 4), (4, 10)]) and types[1] is magiattn.AttnMaskType.BICAUSAL
     assert magiattn.AttnMaskType.from_int_type(2) is magiattn.AttnMaskType.INVCAUSAL
+    assert magiattn.AttnMaskType.from_int_type(int_type=3) is magiattn.AttnMaskType.BICAUSAL
+    for bad in (4, -1, "x", None):
+        with pytest.raises(ValueError, match="is not 0 \\(full\\)"):
+            magiattn.AttnMaskType.from_int_type(bad)
     assert magiattn.AttnMaskType("causal").to_int_type() == 1
     with pytest.raises(ValueError, match="unknown mask type 'diag'"):
         magiattn.make_mask([[0, 4]], [[0, 4]], ["diag"])
     cu_q, cu_k = magiattn.infer_varlen_mask_from_batch(3, 5)
     assert cu_q.tolist() == [0, 5, 10, 15] and cu_k.tolist() == cu_q.tolist()
+    with pytest.raises(ValueError, match="seq_len: -5"):
+        magiattn.infer_varlen_mask_from_batch(3, -5)
+    with pytest.raises(ValueError, match="batch_size: 1.5"):
+        magiattn.infer_varlen_mask_from_batch(1.5, 5)
 
 
 def varlen_window_dense(cu, left, right, num_global=0):
@@ -212,3 +220,37 @@ def test_infer_helpers_errors_and_window_offsets():
     local = magiattn.sliding_window(10, 15, 2, 1).to_dense()
     assert np.array_equal(m.to_dense()[10:20, 30:45], local)
     assert m.area() == local.sum()
+
+
+def disjoint_rectangles(qr, kr):
+    rects = list(zip(qr, kr))
+    return all(not (a.is_overlap_with(c) and b.is_overlap_with(d))
+               for i, (a, b) in enumerate(rects) for c, d in rects[i + 1:])
+
+
+@pytest.mark.parametrize("window,num_global", [((3, 0), 2), ((2, 1), 4), ((1, 3), 3),
+                                               ((0, 0), 1), ((4, 0), 20)])
+def test_infer_cu_seqlens_globals_emit_disjoint_slices(window, num_global):
+    cu = np.array([0, 7, 8, 20, 31])
+    qr, kr, types, tq, tk = magiattn.infer_attn_mask_from_cu_seqlens(
+        cu, cu, window_size=window, global_window_size=num_global)
+    assert disjoint_rectangles(qr, kr), (qr, kr)
+    got = magiattn.make_mask(qr, kr, types, tq, tk).to_dense()
+    assert np.array_equal(got, varlen_window_dense(cu, *window, num_global))
+
+
+def test_infer_sliding_window_longer_q_drops_leading_rows():
+    """MagiAttention: with sq > sk only the last sk rows attend (the first sq - sk see
+    nothing, whatever the window)."""
+    T = magiattn.AttnMaskType
+    qr, kr, types = magiattn.infer_attn_mask_from_sliding_window((0, 10), (20, 24), (-1, -1))
+    assert (qr, kr, types) == (magiattn.AttnRanges([(6, 10)]), magiattn.AttnRanges([(20, 24)]),
+                               [T.FULL])
+    for window in ((1, 5), (2, 0), (0, 2), (-1, 1)):
+        qr, kr, types = magiattn.infer_attn_mask_from_sliding_window((3, 13), (0, 4), window)
+        dense = magiattn.make_mask(qr, kr, types, 13, 4).to_dense()[3:13]
+        assert not dense[:6].any(), window
+        want = magiattn.sliding_window(4, 4, *window).to_dense()
+        assert np.array_equal(dense[6:], want), window
+    with pytest.raises(ValueError, match=r"window_size: \(1, 2, 3\) must be a pair"):
+        magiattn.infer_attn_mask_from_sliding_window((0, 4), (0, 4), (1, 2, 3))
