@@ -173,7 +173,7 @@ FwdResult forward(const Mask& mask, const Problem& p) {
       r.lse[i * hq + h] = row_forward(c, i, h, keys, &r.out[(i * hq + h) * d]);
       double& m = row_max[i * hq + h];
       for (std::int64_t j : keys) m = std::max(m, c.score(i, j, h));
-      if (logits_poisoned(c, i, h, keys)) m = std::numeric_limits<double>::quiet_NaN();
+      if (std::isnan(r.lse[i * hq + h])) m = r.lse[i * hq + h];  // a NaN row: its head's is NaN
     }
   }
   r.max_logits.assign(hq, kNegInf);

@@ -26,7 +26,7 @@ struct FwdResult {
   std::vector<double> out;         // [nq, hq, d]
   std::vector<double> lse;         // [nq, hq]; -inf for empty rows without sink
   std::vector<double> max_logits;  // [hq]; max of scale*q.k over visible cells (pre-softcap),
-                                   // NaN if a visible cell reads a non-finite q or k
+                                   // NaN if a row of the head is NaN
 };
 
 struct BwdResult {

@@ -179,18 +179,18 @@ class Forward {
   // lse = logaddexp(lse_a, lse_b, lse_sink), out = exp(lse_a - lse) out_a + exp(lse_b - lse)
   // out_b with out_b = O / l, lse_b = m + log l, i.e. exp(lse_b - lse) / l = exp(m - lse).
   // A poisoned row, a NaN given lse or sink, or any non-finite result makes the whole row's
-  // out and its lse NaN. Returns whether some row's logits were poisoned (max_logits NaN).
+  // out and its lse NaN. Returns whether some row is NaN (its head's max_logits is NaN then,
+  // whatever the cause: the GPU kernel cannot tell a V from a K poison, and one rule is simpler).
   bool finish_rows(Range rows, std::int64_t h, FwdScratch<T>& b) const {
     constexpr T kNaN = std::numeric_limits<T>::quiet_NaN();
     const bool acc = r_.accumulate;
-    bool any_qk = false;
+    bool any_nan = false;
     for (std::int64_t i = 0; i < rows.size(); ++i) {
       const std::int64_t q = rows.start + i;
       const T m = b.m.get()[i], l = S::reduce_sum(S::load(b.l.get() + i * kW));
       // A q row is read only by a row that sees a key (l >= 1 then: its max cell adds 1).
       const std::uint8_t bits = b.poison[std::size_t(i)];
       const bool qk = (bits & kPoisonQK) || ((bits & kPoisonQ) && l > 0);
-      any_qk |= qk;
       const T lse_b = l == 0 ? kNegInf<T> : m + std::log(l);  // NaN stays NaN
       const T lse_a = acc ? load_scalar<T>(a_.lse, {q, h}) : kNegInf<T>;
       const T lse_s = a_.sink ? lse_sink(q, h) : kNegInf<T>;
@@ -199,10 +199,11 @@ class Forward {
       T* o = b.o.get() + i * b.ld;
       T lse = poisoned ? kNaN : merge_row(q, h, m, l, lse_a, lse_b, lse_s, o, b);
       if (std::isnan(lse)) std::fill_n(o, d_, kNaN);
+      any_nan |= std::isnan(lse);
       store_row<T>(a_.out, {q, h}, d_, T(1), o, false);
       store_scalar<T>(a_.lse, {q, h}, lse);
     }
-    return any_qk;
+    return any_nan;
   }
 
   // lse = logaddexp(lse_a, lse_b, lse_s) and the merged out row in o; NaN when the result

@@ -28,7 +28,7 @@ constexpr DType dtype_of() {
 // Per (head, row) of one input: the poison bits of rows that held a NaN or inf (docs/numerics.md).
 // Bits, so that K and V rows share one array and a row's poison says what it came from.
 enum Poison : std::uint8_t {
-  kPoisonQK = 1,  // q or k: the logits are NaN (max_logits too)
+  kPoisonQK = 1,  // k: the logits of the rows that see it
   kPoisonV = 2,   // v: out only
   kPoisonQ = 4,   // q of a row, which counts only if the row sees a key
   kPoisonDout = 8,
