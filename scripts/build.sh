@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Installs the Debian packages magiattn needs (only the missing ones; sudo only when not root)
-# and builds one CMake preset (default: release). Parallel jobs are capped at one per 3 GB of
-# RAM so that a small CI machine never runs out of memory while compiling the tests.
+# and builds one CMake preset. `release` is the one build that setup.sh and test.sh share: pip
+# (scikit-build-core, without build isolation) configures and builds build/release and
+# installs the Python package from it, so the C++ core is compiled once for the CLI, the tests
+# and the module. MAGI_BUILD_TESTS=ON adds the tests and benches to that build. Any other
+# preset (asan, debug) is a plain `cmake --preset`. Parallel jobs: one per 3 GB of RAM, so a
+# small CI machine never runs out of memory compiling the tests or a CuTe kernel.
 set -euo pipefail
 preset=${1:-release}
 cd "$(dirname "$0")/.."
@@ -21,12 +25,29 @@ if [ ${#missing[@]} -gt 0 ]; then
     "${missing[@]}"
 fi
 
-mem_gb=$(awk '/MemTotal/ {print int($2 / 1048576)}' /proc/meminfo)
-jobs=$(nproc)
-[ $((mem_gb / 3)) -lt "$jobs" ] && jobs=$((mem_gb / 3))
-[ "$jobs" -ge 1 ] || jobs=1
+source scripts/python_env.sh  # $python; CMAKE_BUILD_PARALLEL_LEVEL (one job per 3 GB)
+source scripts/cutlass.sh     # MAGI_CUDA_KERNELS; CUTLASS headers when kernels are wanted
+echo "[build] $preset: sm90 kernels ${MAGI_CUDA_KERNELS}"
+if [ "$preset" != release ]; then
+  cmake --preset "$preset" ${MAGI_CUTLASS_DIR:+-DMAGI_CUTLASS_DIR=$MAGI_CUTLASS_DIR} \
+    -DMAGI_CUDA_KERNELS="$MAGI_CUDA_KERNELS"
+  cmake --build --preset "$preset" -j "$CMAKE_BUILD_PARALLEL_LEVEL"
+  exit 0
+fi
 
-source scripts/cutlass.sh
-cmake --preset "$preset" ${MAGI_CUTLASS_DIR:+-DMAGI_CUTLASS_DIR=$MAGI_CUTLASS_DIR} \
-  -DMAGI_CUDA_KERNELS="$MAGI_CUDA_KERNELS"
-cmake --build --preset "$preset" -j "$jobs"
+tests=${MAGI_BUILD_TESTS:-OFF}
+# The build backend and nanobind go into the target Python itself (no isolated build env), so
+# the paths build/release caches stay valid for the next incremental build.
+$python -m pip install -q "scikit-build-core>=0.10" "nanobind>=3.0" numpy
+# The presets use CMake's default generator; build/release must keep one generator whoever
+# configured it first (a `cmake --preset release` or this script).
+export CMAKE_GENERATOR="Unix Makefiles"
+defines=(-Cbuild-dir=build/release
+         -Ccmake.define.MAGI_BUILD_APPS=ON
+         -Ccmake.define.MAGI_BUILD_TESTS="$tests"
+         -Ccmake.define.MAGI_BUILD_BENCH="$tests"
+         -Ccmake.define.MAGI_CUDA_KERNELS="$MAGI_CUDA_KERNELS")
+[ -n "${MAGI_CUTLASS_DIR:-}" ] && defines+=(-Ccmake.define.MAGI_CUTLASS_DIR="$MAGI_CUTLASS_DIR")
+$python -m pip install -q --no-build-isolation "${defines[@]}" .
+echo "[build] build/release: magiattn CLI in build/release/bin; Python package" \
+     "$($python -c 'import magiattn; print(magiattn.__file__)')"

@@ -1,9 +1,20 @@
-# Sourced by build.sh and the Python install: when nvcc exists, puts the CUTLASS/CuTe headers
-# of the pinned nvidia-cutlass wheel in build/_deps (downloaded once with pip, or taken from
+# Sourced by build.sh and gpu_test.sh. Picks the sm90 kernel variants (MAGI_CUDA_KERNELS, unless
+# set): every one where a GPU is present; where none is, $MAGI_NO_GPU_KERNELS (test.sh: ci, one
+# variant, so that CI still catches build breaks; setup.sh: none, nothing that cannot run here).
+# When kernels are wanted and nvcc exists, puts the CUTLASS/CuTe headers of the pinned
+# nvidia-cutlass wheel in build/_deps (downloaded once with pip, or taken from
 # $MAGI_CUTLASS_WHEEL on a machine without network) and exports MAGI_CUTLASS_DIR. Headers only:
 # nothing is pip-installed, so an externally managed Python is no obstacle.
 MAGI_CUTLASS_VERSION=4.2.0.0
-if command -v nvcc >/dev/null 2>&1 && [ -z "${MAGI_CUTLASS_DIR:-}" ]; then
+if [ -z "${MAGI_CUDA_KERNELS:-}" ]; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    export MAGI_CUDA_KERNELS=all
+  else
+    export MAGI_CUDA_KERNELS=${MAGI_NO_GPU_KERNELS:-none}
+  fi
+fi
+if [ "$MAGI_CUDA_KERNELS" != none ] && command -v nvcc >/dev/null 2>&1 &&
+   [ -z "${MAGI_CUTLASS_DIR:-}" ]; then
   dest=build/_deps/cutlass-$MAGI_CUTLASS_VERSION
   if [ ! -f "$dest/include/cute/tensor.hpp" ]; then
     wheel=${MAGI_CUTLASS_WHEEL:-}
@@ -27,12 +38,4 @@ PY
     echo "[setup] CUTLASS $MAGI_CUTLASS_VERSION headers in $dest/include"
   fi
   export MAGI_CUTLASS_DIR=$PWD/$dest/include
-fi
-# Kernel variants: every one where a GPU is present, one (a build check) where none is.
-if [ -z "${MAGI_CUDA_KERNELS:-}" ]; then
-  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
-    export MAGI_CUDA_KERNELS=all
-  else
-    export MAGI_CUDA_KERNELS=ci
-  fi
 fi

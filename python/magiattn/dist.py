@@ -164,7 +164,23 @@ class DistAttnRuntimeKey:
         self.total_seqlen = plan.total_seqlen
         self.num_local_tokens = plan.rank_tokens(self.cp_rank)
         self._positions = plan.position_ids(self.cp_rank)
+        # Every rank must build the same key: one gather of a fingerprint fails at once on
+        # every rank, naming the ranks that disagree, where a mismatched plan would otherwise
+        # run into the communication timeout later and blame a "dead" rank.
+        _lib().check_agree(comm._c, self._identity(),
+                           "the key (mask, plan, dist_attn_config, heads, head_dim)")
         _live.add(self)
+
+    def _identity(self) -> bytes:
+        """What every rank's key must share, as bytes (hashed in C++ by check_agree)."""
+        m = self.mask
+        parts = [np.asarray([m.total_seqlen_q, m.total_seqlen_k, self.num_heads_q,
+                             self.num_heads_kv, self.head_dim], np.int64).tobytes(),
+                 np.ascontiguousarray(m.q_ranges(), np.int64).tobytes(),
+                 np.ascontiguousarray(m.k_ranges(), np.int64).tobytes(),
+                 np.ascontiguousarray(m.attn_type_map(), np.int32).tobytes(),
+                 repr(self.config).encode(), self._plan_text.encode()]
+        return b"".join(len(p).to_bytes(8, "little") + p for p in parts)
 
     @classmethod
     def from_plan(cls, plan: PlanLike, mask: Mask, num_heads_q: int, num_heads_kv: int,

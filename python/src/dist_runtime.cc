@@ -109,6 +109,14 @@ void all_reduce(Comm& c, nb::handle data, const std::string& op) {
   });
 }
 
+// The key's bytes (mask, plan, config, heads: whatever must be equal on every rank) hashed here
+// with comm::fingerprint, so the Python key and any C++ caller use one definition.
+void check_agree(Comm& c, nb::bytes key, const std::string& what) {
+  const auto* b = static_cast<const std::byte*>(key.data());
+  const std::uint64_t fp = comm::fingerprint({b, key.size()});
+  collective(c, "key check", [&](comm::Communicator& mc) { comm::check_agree(mc, fp, what); });
+}
+
 void barrier(Comm& c) {
   collective(c, "barrier", [](comm::Communicator& mc) { mc.barrier(); });
 }
@@ -133,6 +141,9 @@ void bind_runtime(nb::module_& m) {
         "calc_attn backward on local rows (dq, dk, dv in the compute type; dsink partial)");
   m.def("all_reduce", &all_reduce, "comm"_a, "x"_a, "op"_a = "sum",
         "In-place sum or max over ranks of a contiguous float32/float64 array");
+  m.def("check_agree", &check_agree, "comm"_a, "key"_a, "what"_a,
+        "ValueError on every rank, naming the groups of ranks that agree, unless every rank "
+        "passes the same bytes");
   m.def("barrier", &barrier, "comm"_a);
 }
 

@@ -6,7 +6,7 @@ The reference is the numpy API (torch's first custom-op call costs seconds per r
 A failure raises (non-zero exit); each rank prints "rank R: PASS <mode> max rel err E" at the
 end. Modes: main (torch autograd on every mask, numpy path, roll, bf16), mpi4py (numpy path
 on cp groups split by mpi4py), validate (every argument check of magiattn.dist and the
-timeout of a skipped call), crash (rank 0 raises while the others wait). Only main imports
+timeout of a skipped call, keys that differ between ranks), crash (rank 0 raises while the others wait). Only main imports
 torch (its import dominates the run time).
 """
 
@@ -319,7 +319,28 @@ def validate():
     raises(ValueError, "rank: the communicator is closed", getattr, closed, "rank")
     if size > 1:
         check_timeout(rank)
+        check_disagreeing_keys(rank)
     print(f"rank {rank}: OK validate", flush=True)
+
+
+def check_disagreeing_keys(rank):
+    """Rank 0 builds its key from another mask, then from another config: every rank gets a
+    ValueError naming rank 0 against the others at once (not the 300 s timeout)."""
+    others = "ranks 1, 2" if magiattn.world_communicator().size == 3 else "rank 1 "
+    for kwargs in ({"attn_mask_type": "causal" if rank == 0 else "full"},
+                   {"attn_mask_type": "full", "chunk_size": 20 if rank == 0 else 40}):
+        magiattn.world_communicator().barrier()
+        start = time.monotonic()
+        try:
+            magiattn.magi_attn_flex_key([[0, N]], [[0, N]], total_seqlen_q=N, total_seqlen_k=N,
+                                        num_heads_q=HQ, num_heads_kv=HKV, head_dim=D, **kwargs)
+        except ValueError as e:
+            msg = str(e)
+            assert "disagree on the key" in msg and "rank 0 holds" in msg and others in msg, msg
+        else:
+            raise AssertionError(f"rank {rank}: no error for a key that differs on rank 0")
+        assert time.monotonic() - start < 1.0, time.monotonic() - start
+    magiattn.world_communicator().barrier()  # the communicator is still usable
 
 
 def check_timeout(rank):
