@@ -1108,6 +1108,138 @@ TEST(Sm90Forward, NanAndInfInUnseenRowsDoNotLeak) {
   EXPECT_GT(ran, 0);
 }
 
+// docs/numerics.md on the GPU: a NaN/inf that a row reads makes that row's out and lse NaN
+// (the oracle says which rows), and every other row, out and lse, is bit-identical to the run
+// on clean inputs, masked cells of the same key block included (the fixer zeroes non-finite V
+// chunks, masked scores are -inf whatever K holds). max_logits: NaN for a head with a NaN row,
+// else the clean value. Returns how many rows came out NaN.
+using Planter = std::function<void(Problem&)>;
+
+void plant_row(std::vector<double>& xs, std::int64_t row, std::int64_t head, std::int64_t heads,
+               std::int64_t d, double x, std::int64_t col = -1) {
+  for (std::int64_t e = 0; e < d; ++e)
+    if (col < 0 || e == col) xs[std::size_t((row * heads + head) * d + e)] = x;
+}
+
+std::int64_t expect_rule(const Mask& mask, const Case& c, const Planter& plant,
+                         const std::string& note) {
+  const std::string what = describe(c, mask) + " [" + note + "]";
+  SCOPED_TRACE(what);
+  const Problem clean = make_problem(mask, c, 13);
+  Problem dirty = clean;
+  plant(dirty);
+  FwdResult a, b;
+  EXPECT_NO_THROW(a = run_gpu(mask, clean, c));
+  EXPECT_NO_THROW(b = run_gpu(mask, dirty, c));
+  const FwdResult want = oracle::forward(mask, dirty);
+  const std::int64_t d = c.d, rows = std::int64_t(want.lse.size());
+  std::int64_t nan_rows = 0, not_nan = 0, changed = 0, first_bad = -1;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const bool is_nan = std::isnan(want.lse[std::size_t(r)]);
+    nan_rows += is_nan;
+    bool ok = true;
+    if (is_nan) {
+      ok = std::isnan(b.lse[std::size_t(r)]);
+      for (std::int64_t e = 0; e < d; ++e) ok = ok && std::isnan(b.out[std::size_t(r * d + e)]);
+      not_nan += !ok;
+    } else {
+      ok = b.lse[std::size_t(r)] == a.lse[std::size_t(r)] ||
+           (std::isinf(a.lse[std::size_t(r)]) && b.lse[std::size_t(r)] == a.lse[std::size_t(r)]);
+      for (std::int64_t e = 0; e < d; ++e)
+        ok = ok && b.out[std::size_t(r * d + e)] == a.out[std::size_t(r * d + e)];
+      changed += !ok;
+    }
+    if (!ok && first_bad < 0) first_bad = r;
+  }
+  EXPECT_EQ(not_nan, 0) << "rows that read a NaN/inf but are not NaN (first: row "
+                        << first_bad / c.hq << " head " << first_bad % c.hq << ")";
+  EXPECT_EQ(changed, 0) << "rows that do not read the NaN/inf but changed (first: row "
+                        << first_bad / c.hq << " head " << first_bad % c.hq << ")";
+  for (std::int64_t h = 0; h < c.hq; ++h) {
+    const double got = b.max_logits[std::size_t(h)];
+    if (std::isnan(want.max_logits[std::size_t(h)]))
+      EXPECT_TRUE(std::isnan(got)) << "max_logits head " << h;
+    else
+      EXPECT_EQ(got, a.max_logits[std::size_t(h)]) << "max_logits head " << h;
+  }
+  return nan_rows;
+}
+
+TEST(Sm90Forward, NanInASeenKeyRowMakesItsRowsNan) {
+  REQUIRE_GPU();
+  // The case: causal 512, NaN in key row 5 (kv head 0): rows 5..511 of heads 0 and 1
+  // NaN, out and lse (lse was -inf); rows 0..4, which share the key block, untouched.
+  const Mask mask = masks::causal(512, 512);
+  for (DType in : {DType::kBF16, DType::kF16}) {
+    Case c = with_dtype(Case{}, in);
+    if (!built(c.in, c.d)) continue;
+    const auto n = expect_rule(mask, c, [&](Problem& p) {
+      plant_row(p.k, 5, 0, c.hkv, c.d, std::nan(""));
+    }, "NaN k row 5");
+    EXPECT_EQ(n, 507 * 2);
+  }
+}
+
+TEST(Sm90Forward, NanAndInfInPartiallyVisibleBlocks) {
+  REQUIRE_GPU();
+  // Keys seen by some rows of a tile and masked for others in the same key block: NaN and
+  // +-inf in one element of k and v, in q, on causal, sliding-window and document masks, with
+  // and without softcap (the per-element rewrite kernel), and a NaN / +inf sink.
+  const std::int64_t n = 512;
+  const Mask causal = masks::causal(n, n);
+  const Mask sliding = masks::sliding_window(n, n, {100, 0});
+  const Mask docs(n, n, {Slice{{0, 100}, {0, 100}, MaskType::kCausal},
+                         Slice{{110, 300}, {110, 300}, MaskType::kCausal},
+                         Slice{{310, 512}, {310, 512}, MaskType::kFull}});
+  const double nan = std::nan("");
+  int ran = 0;
+  for (DType in : {DType::kBF16, DType::kF16})
+    for (double cap : {0.0, 30.0}) {
+      Case c = with_dtype(Case{}, in);
+      c.opts.softcap = cap;
+      if (!built(c.in, c.d)) continue;
+      ++ran;
+      const std::string tag = cap > 0 ? " softcap" : "";
+      EXPECT_GT(expect_rule(causal, c, [&](Problem& p) {
+        plant_row(p.v, 70, 0, c.hkv, c.d, nan, 3);        // rows 64..69 share its block
+        plant_row(p.v, 300, 1, c.hkv, c.d, kInf, 7);
+        plant_row(p.k, 200, 1, c.hkv, c.d, -kInf, 5);
+        plant_row(p.k, 260, 0, c.hkv, c.d, kInf, 9);
+        plant_row(p.q, 100, 2, c.hq, c.d, nan, 1);
+        plant_row(p.q, 40, 3, c.hq, c.d, -kInf, 2);
+      }, "causal k/v/q" + tag), 0);
+      EXPECT_GT(expect_rule(sliding, c, [&](Problem& p) {
+        plant_row(p.k, 250, 0, c.hkv, c.d, kInf, 0);
+        plant_row(p.v, 130, 1, c.hkv, c.d, -kInf, 4);
+      }, "sliding window" + tag), 0);
+      EXPECT_GT(expect_rule(docs, c, [&](Problem& p) {
+        plant_row(p.v, 150, 0, c.hkv, c.d, nan, 2);       // seen by 150..299, not 110..149
+        plant_row(p.k, 120, 1, c.hkv, c.d, -kInf, 6);
+        for (std::int64_t t : {100, 105, 109, 300, 309})  // the holes: no slice covers them
+          for (std::int64_t g = 0; g < c.hkv; ++g) {
+            plant_row(p.k, t, g, c.hkv, c.d, t % 2 ? nan : kInf);
+            plant_row(p.v, t, g, c.hkv, c.d, t % 2 ? -kInf : nan);
+          }
+        for (std::int64_t h = 0; h < c.hq; ++h) plant_row(p.q, 104, h, c.hq, c.d, nan);
+      }, "documents, holes" + tag), 0);
+      // Garbage only in the holes: nothing changes at all.
+      EXPECT_EQ(expect_rule(docs, c, [&](Problem& p) {
+        for (std::int64_t t : {100, 101, 108, 300, 305})
+          for (std::int64_t g = 0; g < c.hkv; ++g) {
+            plant_row(p.k, t, g, c.hkv, c.d, nan);
+            plant_row(p.v, t, g, c.hkv, c.d, t % 2 ? kInf : nan);
+          }
+      }, "holes only" + tag), 0);
+    }
+  for (double x : {std::nan(""), kInf}) {  // a sink logit: every row of its head ("sh")
+    Case c;
+    c.sink_len = 2;
+    if (!built(c.in, c.d)) continue;
+    EXPECT_EQ(expect_rule(docs, c, [&](Problem& p) { p.sink[1] = x; }, "sink"), n);
+  }
+  EXPECT_GT(ran, 0);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Validation: the public entry point rejects what the GPU kernel cannot run, naming the culprit
 

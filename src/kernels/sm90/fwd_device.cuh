@@ -60,9 +60,12 @@ __device__ inline float log_add_exp(float a, float b) {
 }
 
 // Float max through the integer atomics: non-negative floats order like ints, negative ones
-// reversed like unsigned.
+// reversed like unsigned. A NaN is stored as 0x7fffffff, above every float as an int and below
+// every negative one as unsigned: once there it stays (max_logits of a poisoned head).
 __device__ inline void atomic_max(float* addr, float v) {
-  if (v >= 0.f)
+  if (v != v)
+    atomicMax(reinterpret_cast<int*>(addr), 0x7fffffff);
+  else if (v >= 0.f)
     atomicMax(reinterpret_cast<int*>(addr), __float_as_int(v));
   else
     atomicMin(reinterpret_cast<unsigned*>(addr), __float_as_uint(v));
@@ -140,7 +143,7 @@ struct BlockIter {
 struct BlockInfo {
   enum : int {
     kLast = 1,      // the tile's last block
-    kEdge = 2,      // V rows past the piece's k1: wait for the fixer (v_ready), not v_full
+    kEdge = 2,      // a block with masked cells: wait for the fixer (v_ready), not v_full
     kFullRows = 4,  // << warpgroup: the piece covers the block for that warpgroup's 64 rows
   };
   Piece pc;
@@ -148,8 +151,17 @@ struct BlockInfo {
 };
 
 // A V block with rows past its piece's key range: those rows are zeroed before the P V
-// product (kb never starts before the piece's k0).
+// product (kb never starts before the piece's k0). Such a block is never covered (below), so
+// the fixer also scans it for NaN/inf like every other block with masked cells.
 __device__ inline bool v_edge(int kb, const Piece& pc, int block_n) { return kb + block_n > pc.k1; }
+
+// Whether 8 bf16 (kBf16) or fp16 values hold a NaN or inf: all exponent bits set.
+template <bool kBf16>
+__device__ inline bool non_finite8(uint4 x) {
+  constexpr unsigned e = kBf16 ? 0x7F807F80u : 0x7C007C00u;
+  return (__vcmpeq2(x.x & e, e) | __vcmpeq2(x.y & e, e) | __vcmpeq2(x.z & e, e) |
+          __vcmpeq2(x.w & e, e)) != 0u;
+}
 
 // Whether the piece covers every cell of the block for rows [r0, r0 + rows): no element mask.
 __device__ inline bool covers(const Piece& pc, int r0, int rows, int kb, int block_n) {

@@ -22,11 +22,13 @@
 //
 // Masking: element masks run only on blocks whose corners a piece does not cover; rows
 // outside the piece, keys outside [k0, k1) and cells off the band are -inf (whatever K holds
-// there). V rows outside the piece are never multiplied by a non-zero P, but 0 * NaN is NaN:
-// for a V block that runs past its piece's k1 the producer posts a job, the fixer warp waits
-// for the block's TMA, zeroes the rows past k1 and only then releases it to the consumers
-// (v_ready), so a NaN or inf in an unseen V row cannot leak into a visible output, and the
-// producer never waits for it. Rows past the tensor's end are TMA's zero fill.
+// there). A masked cell's P is 0, but 0 * NaN is NaN: for every block with masked cells the
+// producer posts a job, the fixer warp waits for the block's TMA, zeroes the V rows past the
+// piece's k1 and any 16-byte chunk holding a NaN or inf (flagging its key in vbad), and only
+// then releases the block to the consumers (v_ready), so garbage in a V row cannot leak into
+// a row that does not see it, and the producer never waits for it. The consumers set l = NaN
+// for their rows that see a flagged key (docs/numerics.md: the row's out and lse are NaN).
+// Rows past the tensor's end are TMA's zero fill.
 //
 // mbarrier waits go by phase parity: a thread may wait only on a phase right after one it has
 // itself seen complete (or one that cannot be two phases ahead), so only the thread that
@@ -34,6 +36,9 @@
 #pragma once
 
 #include <cuda_runtime.h>
+
+#include <cfloat>
+#include <type_traits>
 
 #include <cute/tensor.hpp>
 #include <cute/atom/copy_traits_sm90_tma.hpp>
@@ -125,6 +130,7 @@ struct FwdConfig {
     // V blocks that straddle a piece's key range: the producer posts a job, the fixer warp
     // zeroes the rows past the range once TMA has landed and arrives on v_ready.
     cute::uint64_t v_ready[kStages], job_full[2], job_empty[2];
+    unsigned vbad[kStages][(kBlockN + 31) / 32];  // keys whose V held a NaN/inf (the fixer's)
     std::int64_t item[2];
     int job[2][3];  // stage (-1: stop), v_full parity, first row to zero
     detail::BlockInfo info[kStages];  // the block in each K stage (fwd_device.cuh)
@@ -195,9 +201,11 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
     if (tid >= 64) return;
     if (tid >= 32) {
       // The fixer warp: for each posted job, wait for the V block's TMA, zero its rows past
-      // the piece (generic-proxy stores over what the async proxy wrote: the mbarrier wait
-      // orders them after it, the proxy fence orders the wgmma reads after them).
+      // the piece and the chunks holding a NaN/inf, flagging their keys (generic-proxy stores
+      // over what the async proxy wrote: the mbarrier wait orders them after it, the proxy
+      // fence orders the wgmma reads after them).
       Tensor sV = make_tensor(make_smem_ptr(s.v), typename C::LayoutV{});
+      constexpr bool kBf16 = std::is_same_v<T, cutlass::bfloat16_t>;
       for (int j = 0;; ++j) {
         const detail::Ring slot = detail::ring<2>(j);
         Barrier::wait(&s.job_full[slot.stage], slot.phase);
@@ -205,9 +213,22 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
         if (stage < 0) break;
         TxBarrier::wait(&s.v_full[stage], unsigned(s.job[slot.stage][1]));
         constexpr int kChunks = kD / 8;
-#pragma unroll 1
-        for (int i = s.job[slot.stage][2] * kChunks + lane; i < kBN * kChunks; i += 32)
-          *reinterpret_cast<uint4*>(&sV(i / kChunks, (i % kChunks) * 8, stage)) = uint4{0, 0, 0, 0};
+        const int first_zero = s.job[slot.stage][2];
+        CUTE_UNROLL
+        for (int w = 0; w < (kBN + 31) / 32; ++w) {  // 32 keys per word of vbad
+          unsigned bad = 0;
+          const int end = (32 * w + 32 < kBN ? 32 * w + 32 : kBN) * kChunks;
+#pragma unroll 2
+          for (int i = 32 * w * kChunks + lane; i < end; i += 32) {
+            const int row = i / kChunks;
+            uint4* chunk = reinterpret_cast<uint4*>(&sV(row, (i % kChunks) * 8, stage));
+            if (row < first_zero && !detail::non_finite8<kBf16>(*chunk)) continue;
+            if (row < first_zero) bad |= 1u << (row % 32);
+            *chunk = uint4{0, 0, 0, 0};
+          }
+          bad = __reduce_or_sync(0xffffffff, bad);
+          if (lane == 0) s.vbad[stage][w] = bad;
+        }
         cutlass::arch::fence_view_async_shared();
         __syncwarp();
         if (lane == 0) Barrier::arrive(&s.v_ready[stage]);
@@ -293,11 +314,13 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
         detail::BlockInfo info{pc, it.kb, 0};
         const bool new_piece = it.advance(p.pieces, kBN);  // it: the next block
         if (!it.valid()) info.flags |= detail::BlockInfo::kLast;
-        const bool edge = detail::v_edge(info.kb, pc, kBN);
-        if (edge) info.flags |= detail::BlockInfo::kEdge;
         for (int w = 0; w < C::kWarpgroups; ++w)
           if (detail::covers(pc, tile.q_start + 64 * w, 64, info.kb, kBN))
             info.flags |= detail::BlockInfo::kFullRows << w;
+        // Masked cells for some warpgroup (a V edge is one case): the fixer's job.
+        constexpr int kAllFull = ((1 << C::kWarpgroups) - 1) * detail::BlockInfo::kFullRows;
+        const bool edge = (info.flags & kAllFull) != kAllFull;
+        if (edge) info.flags |= detail::BlockInfo::kEdge;
         if (ahead.valid()) {
           if (ahead_new && lane == 0) {
             l2_prefetch(kp.tma_k, mK, ahead.kb, hk);
@@ -311,7 +334,7 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
           tma_load(kp.tma_k, mK, info.kb, hk, s.k_full[r.stage], sK(_, _, r.stage));
           Barrier::wait(&s.v_empty[r.stage], r.phase ^ 1);
           tma_load(kp.tma_v, mV, info.kb, hk, s.v_full[r.stage], sV(_, _, r.stage));
-          if (edge) post_job(r.stage, r.phase, pc.k1 - info.kb);
+          if (edge) post_job(r.stage, r.phase, pc.k1 - info.kb < kBN ? pc.k1 - info.kb : kBN);
         }
         if (new_piece && it.valid()) warm(it.piece), pc = p.pieces[it.piece];
       }
@@ -381,7 +404,10 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
                        float (&corr)[kRows]) CUTLASS_LAMBDA_FUNC_INLINE {
       const Piece& pc = bi.pc;
       const int kb = bi.kb;
-      if (!(bi.flags & (detail::BlockInfo::kFullRows << wg))) {
+      // A visible logit of -inf or +-inf under softcap (an inf in q or k) would vanish or turn
+      // finite: l = NaN instead (docs/numerics.md), found where each cell is looked at anyway.
+      const bool full = bi.flags & (detail::BlockInfo::kFullRows << wg);
+      if (!full) {
         CUTE_UNROLL
         for (int i = 0; i < kRows; ++i) {
           const int q = q0 + get<0>(cS(i, 0));
@@ -392,6 +418,7 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
             const bool visible = row_in && k >= pc.k0 && k < pc.k1 && k - q >= pc.lo &&
                                  k - q <= pc.hi;
             if (!visible) S(i, jj) = -INFINITY;
+            else if (S(i, jj) == -INFINITY) l[i] = __int_as_float(0x7fffffff);
           }
         }
       }
@@ -400,8 +427,12 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
         for (int i = 0; i < kRows; ++i) {
           CUTE_UNROLL
           for (int jj = 0; jj < size<1>(S); ++jj) {
-            if (S(i, jj) == -INFINITY) continue;  // masked
+            if (S(i, jj) == -INFINITY) {  // masked, or (in a block without masking) an inf
+              if (full) l[i] = __int_as_float(0x7fffffff);
+              continue;
+            }
             const float raw = S(i, jj) * p.scale;
+            if (!(fabsf(raw) <= FLT_MAX)) l[i] = __int_as_float(0x7fffffff);
             mraw[i] = fmaxf(mraw[i], raw);
             S(i, jj) = (capped ? p.softcap * tanhf(raw / p.softcap) : raw) * kLog2e;
           }
@@ -415,9 +446,14 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
       CUTE_UNROLL
       for (int i = 0; i < kRows; ++i) {
         float part[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+        float low = INFINITY;  // -inf in a block without masked cells: an inf input
         CUTE_UNROLL
-        for (int jj = 0; jj < kCols; ++jj) part[jj % 4] = fmaxf(part[jj % 4], S(i, jj));
+        for (int jj = 0; jj < kCols; ++jj) {
+          part[jj % 4] = fmaxf(part[jj % 4], S(i, jj));
+          if constexpr (!rewrite) low = fminf(low, S(i, jj));
+        }
         mx[i] = fmaxf(fmaxf(part[0], part[1]), fmaxf(part[2], part[3]));
+        if (!rewrite && full && low == -INFINITY) l[i] = __int_as_float(0x7fffffff);
       }
       CUTE_UNROLL
       for (int i = 0; i < kRows; ++i) mx[i] = detail::quad_max(mx[i]);
@@ -468,15 +504,30 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
                                   tOrO, false);
     };
 
-    // V of a block is ready when its TMA landed, or, for a block the fixer zeroes rows of,
-    // when the fixer is done (v_ready advances only on those blocks: a bit per stage).
+    // V of a block is ready when its TMA landed, or, for a block with masked cells, when the
+    // fixer is done (v_ready advances only on those blocks: a bit per stage). That wait comes
+    // before the block's softmax, which needs the fixer's flags: l = NaN for a row that sees
+    // a key whose V held a NaN/inf (its out and lse become NaN in the epilogue).
+    auto wait_fixed_v = [&](const detail::Ring& r, const detail::BlockInfo& bi) {
+      if (!(bi.flags & detail::BlockInfo::kEdge)) return;
+      Barrier::wait(&s.v_ready[r.stage], (ready_phases >> r.stage) & 1u);
+      ready_phases ^= 1u << r.stage;
+      const Piece& pc = bi.pc;
+      CUTE_UNROLL
+      for (int w = 0; w < (kBN + 31) / 32; ++w)
+        for (unsigned bad = s.vbad[r.stage][w]; bad != 0u; bad &= bad - 1u) {
+          const int k = bi.kb + 32 * w + __ffs(int(bad)) - 1;
+          CUTE_UNROLL
+          for (int i = 0; i < kRows; ++i) {
+            const int q = q0 + get<0>(cS(i, 0));
+            if (q >= pc.q0 && q < pc.q1 && k >= pc.k0 && k < pc.k1 && k - q >= pc.lo &&
+                k - q <= pc.hi)
+              l[i] = __int_as_float(0x7fffffff);
+          }
+        }
+    };
     auto wait_v = [&](const detail::Ring& r, bool edge) {
-      if (edge) {
-        Barrier::wait(&s.v_ready[r.stage], (ready_phases >> r.stage) & 1u);
-        ready_phases ^= 1u << r.stage;
-      } else {
-        TxBarrier::wait(&s.v_full[r.stage], r.phase);
-      }
+      if (!edge) TxBarrier::wait(&s.v_full[r.stage], r.phase);
     };
     // Q is free once the tile's last Q K^T has completed: released there (not after the last
     // P V and the epilogue), so the next item's Q load overlaps them.
@@ -496,6 +547,7 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
       warpgroup_fence_operand(tSrS);
       Barrier::arrive(&s.k_empty[r.stage]);
       release_q_after_last(bi);
+      wait_fixed_v(r, bi);
       softmax(bi, corr);
       rescale_and_convert(corr);
       detail::Ring prev = r;  // the block whose P V is pending
@@ -513,6 +565,7 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
         warpgroup_fence_operand(tSrS);
         Barrier::arrive(&s.k_empty[r.stage]);
         release_q_after_last(bi);
+        wait_fixed_v(r, bi);
         softmax(bi, corr);
         warpgroup_wait<0>();
         warpgroup_fence_operand(tOrO);
@@ -539,12 +592,19 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
     float w[kRows], keep[kRows];  // out = w * O + keep * (the given partial output)
     float lse_out[kRows];
     std::int64_t o_base[kRows];   // -1: a row past the end
+    bool any_nan = false;         // a row of this thread is NaN (max_logits)
     CUTE_UNROLL
     for (int i = 0; i < kRows; ++i) {
       const int row = q0 + get<0>(cO(i, 0));
-      const float l_tot = detail::quad_sum(l[i]);
-      float lse = l_tot > 0.f ? (m[i] * su + log2f(l_tot)) * kLn2 : -INFINITY;
-      w[i] = l_tot > 0.f ? 1.f / l_tot : 0.f;
+      const float l_tot = detail::quad_sum(l[i]);  // NaN: the row read a NaN/inf
+      // A NaN or inf in O (a seen V) makes the whole row NaN too: one test per element here.
+      int o_bad = 0;
+      CUTE_UNROLL
+      for (int jj = 0; jj < size<1>(O); ++jj) o_bad |= !(fabsf(O(i, jj)) <= FLT_MAX);
+      o_bad |= __shfl_xor_sync(0xffffffff, o_bad, 1);
+      o_bad |= __shfl_xor_sync(0xffffffff, o_bad, 2);
+      float lse = l_tot == 0.f ? -INFINITY : (m[i] * su + log2f(l_tot)) * kLn2;
+      w[i] = l_tot == 0.f ? 0.f : 1.f / l_tot;
       keep[i] = 0.f;
       o_base[i] = -1;
       if (row >= p.num_q) continue;
@@ -567,6 +627,10 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
           keep[i] = 1.f;
         }
         lse = merged;
+      }
+      if (o_bad || lse != lse || lse == INFINITY) {  // docs/numerics.md: out and lse NaN
+        lse = w[i] = __int_as_float(0x7fffffff);
+        any_nan = true;
       }
       lse_out[i] = lse;
     }
@@ -622,6 +686,7 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
       for (int i = 0; i < kRows; ++i)  // without a cap, m is the raw max itself
         mr = fmaxf(mr, rewrite ? mraw[i] : (m[i] == -INFINITY ? -INFINITY : m[i] * p.scale));
       for (int off = 16; off > 0; off >>= 1) mr = fmaxf(mr, __shfl_xor_sync(0xffffffff, mr, off));
+      if (__any_sync(0xffffffff, any_nan)) mr = __int_as_float(0x7fffffff);  // a NaN row
       if ((ctid & 31) == 0 && mr != -INFINITY) detail::atomic_max(p.max_logits + h, mr);
     }
   }
