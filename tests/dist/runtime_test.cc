@@ -8,7 +8,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
+#include <utility>
 #include <random>
 #include <string>
 #include <vector>
@@ -287,6 +289,123 @@ TEST(Runtime, Bf16InputsMatchSingleProcess) {
   got.assign(lg.begin(), lg.end());
   want.assign(lse.begin(), lse.end());
   expect_close(got, want, "bf16 lse", 1e-5);
+}
+
+// NaN/inf through the runtime (docs/numerics.md). Two causal documents with a 2-token hole
+// between them: a NaN in k row 1 (doc 1) and an inf in v of the last token (doc 2) make
+// exactly the rows that see them NaN, on whichever rank they live (at least one rank gets NaN
+// rows from a K row it does not hold), max_logits NaN for the poisoned heads after the MAX
+// all-reduce; garbage in the hole (q, k, v rows no slice covers) changes nothing, forward and
+// backward, bit for bit. Everything equals the single-process kernels (NaN positions first).
+TEST(Runtime, NonFiniteInputsPropagateAcrossRanks) {
+  comm::Communicator& comm = world();
+  const int cp = comm.size();
+  const std::int64_t n = 16 * cp, a = 8 * cp - 3, hq = 4, hkv = 2, d = 8;
+  const Mask mask(n, n, {Slice{{0, a}, {0, a}, MaskType::kCausal},
+                         Slice{{a + 2, n}, {a + 2, n}, MaskType::kCausal}});
+  plan::PlanOptions po;
+  po.dispatch.cp = cp;
+  po.dispatch.chunk_size = 2;
+  po.num_stages = 2;
+  const plan::DistPlan dp = plan::make_plan(mask, po);
+  testing::Config cfg = testing::config_for(DType::kF64);
+  cfg.opts.num_threads = 1;
+  std::mt19937_64 rng(testing::test_seed() ^ 0x4a4);
+  const oracle::Problem p = testing::random_problem(rng, n, n, hq, hkv, d, cfg);
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
+
+  struct Run {
+    std::vector<double> out, lse, ml, dq, dk, dv;
+  };
+  // Single process (local = false) or distributed, on global inputs; results global.
+  auto run = [&](std::vector<double> q, std::vector<double> k, std::vector<double> v,
+                 bool distributed, bool* remote_nan) {
+    std::vector<double> dout = p.dout;
+    Run r{std::vector<double>(q.size()), std::vector<double>(std::size_t(n * hq)),
+          std::vector<double>(std::size_t(hq)), std::vector<double>(q.size()),
+          std::vector<double>(k.size()), std::vector<double>(v.size())};
+    if (!distributed) {
+      const FwdArgs fa{view(q, {n, hq, d}), view(k, {n, hkv, d}), view(v, {n, hkv, d}),
+                       view(r.out, {n, hq, d}), view(r.lse, {n, hq}), std::nullopt,
+                       view(r.ml, {hq})};
+      attn_forward(mask, fa, cfg.opts);
+      attn_backward(mask, {view(dout, {n, hq, d}), fa.q, fa.k, fa.v, fa.out, fa.lse,
+                           view(r.dq, {n, hq, d}), view(r.dk, {n, hkv, d}),
+                           view(r.dv, {n, hkv, d}), std::nullopt, std::nullopt},
+                    cfg.opts);
+      return r;
+    }
+    const std::int64_t nl = dp.dispatch.rank_tokens(comm.rank());
+    auto local = [&](std::vector<double>& g, std::int64_t h, std::int64_t w) {
+      std::vector<double> l(std::size_t(nl * h * w));
+      runtime::dispatch(dp, comm, view(g, {n, h, w}), view(l, {nl, h, w}));
+      return l;
+    };
+    std::vector<double> ql = local(q, hq, d), kl = local(k, hkv, d), vl = local(v, hkv, d),
+                        dol = local(dout, hq, d);
+    std::vector<double> ol(ql.size()), ll(std::size_t(nl * hq)), dql(ql.size()),
+        dkl(kl.size()), dvl(vl.size());
+    const FwdArgs la{view(ql, {nl, hq, d}), view(kl, {nl, hkv, d}), view(vl, {nl, hkv, d}),
+                     view(ol, {nl, hq, d}), view(ll, {nl, hq}), std::nullopt, view(r.ml, {hq})};
+    runtime::calc_attn_forward(dp, comm, la, cfg.opts);
+    runtime::calc_attn_backward(dp, comm,
+                                {view(dol, {nl, hq, d}), la.q, la.k, la.v, la.out, la.lse,
+                                 view(dql, {nl, hq, d}), view(dkl, {nl, hkv, d}),
+                                 view(dvl, {nl, hkv, d}), std::nullopt, std::nullopt},
+                                cfg.opts);
+    if (remote_nan) {  // NaN rows here although this rank holds no non-finite K row
+      const bool nan_rows = std::any_of(ll.begin(), ll.end(), [](double x) { return std::isnan(x); });
+      *remote_nan = nan_rows && all_finite(kl);
+    }
+    runtime::undispatch(dp, comm, view(ol, {nl, hq, d}), view(r.out, {n, hq, d}));
+    runtime::undispatch(dp, comm, view(ll, {nl, hq}), view(r.lse, {n, hq}));
+    runtime::undispatch(dp, comm, view(dql, {nl, hq, d}), view(r.dq, {n, hq, d}));
+    runtime::undispatch(dp, comm, view(dkl, {nl, hkv, d}), view(r.dk, {n, hkv, d}));
+    runtime::undispatch(dp, comm, view(dvl, {nl, hkv, d}), view(r.dv, {n, hkv, d}));
+    return r;
+  };
+  auto expect_same = [&](const Run& got, const Run& want, const std::string& what, bool bits) {
+    const std::pair<const std::vector<double>*, const std::vector<double>*> pairs[] = {
+        {&got.out, &want.out}, {&got.lse, &want.lse}, {&got.ml, &want.ml},
+        {&got.dq, &want.dq},   {&got.dk, &want.dk},   {&got.dv, &want.dv}};
+    const char* names[] = {"out", "lse", "max_logits", "dq", "dk", "dv"};
+    for (int i = 0; i < 6; ++i) {
+      expect_close(*pairs[i].first, *pairs[i].second, what + " " + names[i]);
+      if (bits)
+        EXPECT_EQ(std::memcmp(pairs[i].first->data(), pairs[i].second->data(),
+                              pairs[i].first->size() * sizeof(double)), 0)
+            << what << " " << names[i] << " on rank " << comm.rank();
+    }
+  };
+
+  std::vector<double> q = p.q, k = p.k, v = p.v;
+  for (std::int64_t c = 0; c < d; ++c) k[std::size_t((1 * hkv + 0) * d + c)] = nan;  // kv head 0
+  v[std::size_t(((n - 1) * hkv + 1) * d + 2)] = inf;                                 // kv head 1
+  bool remote = false;
+  const Run single = run(q, k, v, false, nullptr), dist = run(q, k, v, true, &remote);
+  expect_same(dist, single, "poisoned", false);
+  for (std::int64_t i = 0; i < n; ++i)
+    for (std::int64_t h = 0; h < hq; ++h) {
+      const bool want_nan = (h < 2 && i >= 1 && i < a) || (h >= 2 && i == n - 1);
+      EXPECT_EQ(std::isnan(dist.lse[std::size_t(i * hq + h)]), want_nan) << "row " << i << " head " << h;
+    }
+  for (std::int64_t h = 0; h < hq; ++h) EXPECT_TRUE(std::isnan(dist.ml[std::size_t(h)])) << h;
+  double any_remote = remote ? 1 : 0;
+  comm.all_reduce(comm::Rows{&any_remote, 1, 1, DType::kF64}, comm::ReduceOp::kSum)->wait();
+  if (cp > 1) EXPECT_GE(any_remote, 1.0) << "no rank saw a NaN from a remote K row";
+
+  // Garbage in the hole (rows and keys a, a + 1) on top of the clean inputs.
+  std::vector<double> qg = p.q, kg = p.k, vg = p.v;
+  for (std::int64_t t : {a, a + 1})
+    for (std::int64_t e = 0; e < hkv * d; ++e) {
+      kg[std::size_t(t * hkv * d + e)] = e % 2 ? nan : inf;
+      vg[std::size_t(t * hkv * d + e)] = e % 2 ? -inf : nan;
+      qg[std::size_t(t * hq * d + e)] = nan;
+    }
+  const Run clean = run(p.q, p.k, p.v, true, nullptr), garbage = run(qg, kg, vg, true, nullptr);
+  expect_same(garbage, clean, "hole garbage", true);
+  expect_same(clean, run(p.q, p.k, p.v, false, nullptr), "clean", false);
 }
 
 // Bad arguments throw on the calling rank before any collective (no peer is left waiting).
