@@ -67,3 +67,36 @@ def test_backward_says_it_is_not_built(gpu_built):
     out, _ = _run(q, q, q, masks.causal(64, 64))
     with pytest.raises(ValueError, match="GPU backward is not built yet"):
         out.sum().backward()
+
+
+def test_nan_and_inf_follow_the_rule(gpu_built):
+    # docs/numerics.md: causal 512 bf16, NaN in key row 5 -> rows 5.. NaN (out and lse; lse
+    # was -inf), rows 0..4 bit-equal to the clean run; an inf in v row 70 masked for rows
+    # 64..69 of its key block leaves them untouched; garbage in a hole changes nothing.
+    n, d = 512, 128
+    gen = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(n, 2, d, generator=gen).to(torch.bfloat16).cuda() for _ in range(3))
+    mask = masks.causal(n, n)
+    out0, meta0 = _run(q, k, v, mask, return_max_logits=True)
+    k1, v1 = k.clone(), v.clone()
+    k1[5, 0] = float("nan")
+    v1[70, 1, 3] = float("inf")
+    out, meta = _run(q, k1, v1, mask, return_max_logits=True)
+    nan_rows = torch.zeros(n, 2, dtype=torch.bool)
+    nan_rows[5:, 0] = True
+    nan_rows[70:, 1] = True
+    assert torch.equal(torch.isnan(meta.lse).cpu(), nan_rows)
+    assert torch.isnan(out.float()).all(dim=-1).cpu()[nan_rows].all()
+    keep = (~nan_rows).cuda()
+    assert torch.equal(out[keep], out0[keep]) and torch.equal(meta.lse[keep], meta0.lse[keep])
+    assert torch.isnan(meta.max_logits).all()
+    # Two documents with a hole (rows and keys 200..209 in no slice): garbage there is unseen.
+    qr = torch.tensor([[0, 200], [210, n]], dtype=torch.int32)
+    tm = torch.tensor([1, 1], dtype=torch.int32)
+    clean, mc = magiattn.flex_flash_attn_func(q, k, v, q_ranges=qr, k_ranges=qr, attn_type_map=tm)
+    q2, k2, v2 = q.clone(), k.clone(), v.clone()
+    for x, val in ((q2, float("nan")), (k2, float("inf")), (v2, float("nan"))):
+        x[200:210] = val
+    dirty, md = magiattn.flex_flash_attn_func(q2, k2, v2, q_ranges=qr, k_ranges=qr,
+                                              attn_type_map=tm)
+    assert torch.equal(clean, dirty) and torch.equal(mc.lse, md.lse)
