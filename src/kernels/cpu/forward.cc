@@ -224,9 +224,7 @@ class Forward {
       load_row<T>(a_.out, {q, h}, d_, std::exp(lse_a - lse), row);
       for (std::int64_t c = 0; c < d_; ++c) o[c] += row[c];
     }
-    bool finite = std::isfinite(lse);
-    for (std::int64_t c = 0; c < d_; ++c) finite &= std::isfinite(o[c]);
-    return finite ? lse : std::numeric_limits<T>::quiet_NaN();
+    return std::isfinite(lse) && all_finite(o, d_) ? lse : std::numeric_limits<T>::quiet_NaN();
   }
 
   // logsumexp over the sink logits of (row q, head h).

@@ -11,7 +11,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "io.h"
@@ -58,13 +60,27 @@ class NonFinite {
   std::vector<std::uint8_t> flag_;
 };
 
-// Zeroes row[0, n) and returns true when it holds a NaN or inf; O(n), once per packed row.
+// Zeroes row[0, n) and returns true when it holds a NaN or inf; once per packed row. An
+// element is non-finite iff its exponent bits are all set: an unsigned min over the lanes,
+// which vectorises (a loop of std::isfinite did not: 5% of sliding-window forward time).
+template <typename T>
+inline bool all_finite(const T* row, std::int64_t n) {
+  using U = std::conditional_t<sizeof(T) == 4, std::uint32_t, std::uint64_t>;
+  constexpr U kExp = sizeof(T) == 4 ? U(0x7f800000u) : U(0x7ff0000000000000ull);
+  U low = kExp;
+  for (std::int64_t i = 0; i < n; ++i) {
+    U bits;
+    std::memcpy(&bits, row + i, sizeof(U));
+    low = std::min<U>(low, (bits & kExp) ^ kExp);  // 0: all exponent bits set
+  }
+  return low != 0;
+}
+
 template <typename T>
 inline bool zero_if_non_finite(T* row, std::int64_t n) {
-  bool finite = true;
-  for (std::int64_t i = 0; i < n; ++i) finite &= std::isfinite(row[i]);
-  if (!finite) std::fill_n(row, n, T(0));
-  return !finite;
+  if (all_finite(row, n)) return false;
+  std::fill_n(row, n, T(0));
+  return true;
 }
 
 // Rows of x [n, heads, d] times mult: at(h, i) is row i of head h, rows of one head
