@@ -100,7 +100,8 @@ class Communicator {
   // Sum over ranks of `input` (sum(counts) rows); rank r keeps rows of block r in `output`.
   virtual WorkPtr reduce_scatter(const Rows& input, const Rows& output,
                                  std::span<const std::int64_t> counts) = 0;
-  // In place, op kSum or kMax; fp32/fp64. Sums in ascending rank order (deterministic).
+  // In place, op kSum or kMax; fp32/fp64. Sums in ascending rank order (deterministic); a
+  // NaN on any rank makes the max NaN (max_logits of a head that saw a NaN, docs/numerics.md).
   virtual WorkPtr all_reduce(const Rows& data, ReduceOp op) = 0;
   virtual void barrier() = 0;
 

@@ -7,7 +7,6 @@
 //   compute|    host     |   stage 0   |   stage 1   |   stage 2   |
 //   (bwd)  |             |             | reduce dKV0 | reduce dKV1 | reduce dKV2
 #include <chrono>
-#include <cmath>
 #include <cstring>
 #include <limits>
 #include <utility>
@@ -103,30 +102,6 @@ void fill(const TensorView& t, double x) {
     for (std::int64_t i = 0; i < n; ++i) t.ptr<float>()[i] = float(x);
 }
 
-// max_logits all-reduced with MAX so that a NaN on any rank stays NaN (docs/numerics.md): the
-// MAX combine keeps its first operand when the other is NaN, so each head travels as
-// (value with NaN -> -inf, NaN flag 0/1) and the flag puts the NaN back.
-template <class T>
-comm::WorkPtr all_reduce_max_logits(comm::Communicator& comm, const TensorView& ml,
-                                    std::vector<T>& buf) {
-  const std::int64_t n = ml.numel();
-  buf.assign(std::size_t(2 * n), T(0));
-  for (std::int64_t h = 0; h < n; ++h) {
-    const T x = ml.ptr<T>()[h];
-    buf[std::size_t(h)] = std::isnan(x) ? -std::numeric_limits<T>::infinity() : x;
-    buf[std::size_t(n + h)] = std::isnan(x) ? T(1) : T(0);
-  }
-  return comm.all_reduce(comm::Rows{buf.data(), 1, 2 * n, ml.dtype}, comm::ReduceOp::kMax);
-}
-
-template <class T>
-void unpack_max_logits(const TensorView& ml, const std::vector<T>& buf) {
-  const std::int64_t n = ml.numel();
-  for (std::int64_t h = 0; h < n; ++h)
-    ml.ptr<T>()[h] = buf[std::size_t(n + h)] > T(0) ? std::numeric_limits<T>::quiet_NaN()
-                                                    : buf[std::size_t(h)];
-}
-
 // Adds the seconds `fn` takes to *into (when stats are requested).
 template <class Fn>
 void timed(double* into, Fn&& fn) {
@@ -174,18 +149,9 @@ void calc_attn_forward(const plan::DistPlan& plan, comm::Communicator& comm, con
     timed(compute_s, [&] { attn_forward(Mask(nl, cur.k.shape[0], st.slices), sa, acc); });
   }
   if (a.max_logits) {
-    detail::rows_of(*a.max_logits, "max_logits");  // contiguous, checked
-    if (compute == DType::kF64) {
-      std::vector<double> buf;
-      comm::WorkPtr w = all_reduce_max_logits(comm, *a.max_logits, buf);
-      timed(wait_s, [&] { w->wait(); });
-      unpack_max_logits(*a.max_logits, buf);
-    } else {
-      std::vector<float> buf;
-      comm::WorkPtr w = all_reduce_max_logits(comm, *a.max_logits, buf);
-      timed(wait_s, [&] { w->wait(); });
-      unpack_max_logits(*a.max_logits, buf);
-    }
+    comm::WorkPtr w = comm.all_reduce(detail::rows_of(*a.max_logits, "max_logits"),
+                                      comm::ReduceOp::kMax);
+    timed(wait_s, [&] { w->wait(); });
   }
 }
 

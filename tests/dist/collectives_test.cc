@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <limits>
+#include <cmath>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -78,6 +80,22 @@ TEST(Collectives, AllReduceSumMaxAndSameBitsEverywhere) {
   w.all_reduce({ref.data(), 1, 1, DType::kF64}, comm::ReduceOp::kSum)->wait();
   EXPECT_EQ(ref[0], sum[2]) << "rank " << w.rank() << " holds different bits than rank 0";
   w.barrier();
+}
+
+// A NaN on any one rank, first or last in the reduction order, makes the max NaN everywhere
+// (max_logits of a head that saw a NaN); -inf on every rank stays -inf.
+TEST(Collectives, AllReduceMaxKeepsANanFromAnyRank) {
+  auto& w = world();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  const int n = w.size();
+  std::vector<float> x(std::size_t(n + 1), float(w.rank()));
+  for (int i = 0; i < n; ++i)
+    if (w.rank() == i) x[std::size_t(i)] = nan;  // element i: NaN on rank i only
+  x[std::size_t(n)] = -inf;
+  w.all_reduce({x.data(), 1, n + 1, DType::kF32}, comm::ReduceOp::kMax)->wait();
+  for (int i = 0; i < n; ++i) EXPECT_TRUE(std::isnan(x[std::size_t(i)])) << "element " << i;
+  EXPECT_EQ(x[std::size_t(n)], -inf);
 }
 
 TEST(Collectives, SkippedCallTimesOutWithANamedPeer) {
