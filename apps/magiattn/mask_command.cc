@@ -5,6 +5,7 @@
 #include <iostream>
 #include <memory>
 
+#include "checks.h"
 #include "magi/mask_json.h"
 #include "mask_flags.h"
 
@@ -67,13 +68,13 @@ Command add_mask_command(CLI::App& parent) {
   add_mask_flags(*cmd, flags->mask);
   cmd->add_option("--max-slices", flags->max_slices, "slices to list")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(at_least(0));
   cmd->add_option("--width", flags->width, "drawing width in characters")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(1));
   cmd->add_option("--height", flags->height, "drawing height in lines")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(1));
   cmd->add_option("--save", flags->save, "write the mask as JSON to this file");
   return {cmd, [flags] { return run_mask(*flags); }};
 }

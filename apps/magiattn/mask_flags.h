@@ -18,6 +18,7 @@ struct MaskFlags {
   FamilySpec spec;
   std::string mask_file;
   std::string doc_lengths_file;
+  bool no_memory_check = false;
 };
 
 struct NamedMask {
@@ -25,8 +26,21 @@ struct NamedMask {
   std::string name;  // the family, or "file <path>"
 };
 
+// --mask-file conflicts with the flags that shape a family (--seqlen, --window, ...): the file
+// fixes them, so giving both is an error rather than a silent override. --seed stays free.
 void add_mask_flags(CLI::App& cmd, MaskFlags& flags);
+
+// Bytes the mask and its builder take, from the flags alone (a family's sizes and expected
+// document count, a file's size): checked before anything is built.
+double mask_bytes_estimate(const MaskFlags& flags);
+// Checks the memory estimate (unless --no-memory-check) and the size limit, then builds.
 NamedMask make_mask(const MaskFlags& flags);
+
+// How an error names the mask's tokens: "--seqlen 1,000" or "mask file 'x.json' (1,000 tokens)".
+std::string tokens_label(const MaskFlags& flags, std::int64_t tokens);
+
+// Tokens of a family mask at most: its area, up to seqlen^2 cells, is a 64-bit count.
+inline constexpr std::int64_t kMaxSeqlen = 3037000499;  // floor(sqrt(2^63 - 1))
 
 // Family, tokens, slices, area and sparsity as "key  value" lines.
 void print_mask_summary(std::ostream& os, const NamedMask& m);

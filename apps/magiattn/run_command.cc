@@ -2,36 +2,31 @@
 // inputs, timed, then checked against the fp64 oracle on sampled rows. The oracle is scalar
 // fp64 and must recompute every row that sees a checked key, so key rows are chosen within a
 // budget: the default 16k-token check then takes seconds where a full one takes minutes.
+// Nothing large is allocated or built before the memory it needs is checked (memory_estimate.h).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
+#include <exception>
 #include <iostream>
 #include <memory>
-#include <numbers>
 #include <optional>
 #include <random>
 #include <set>
+#include <string>
 #include <thread>
 
-#include <nlohmann/json.hpp>
-
+#include "checks.h"
+#include "distributed.h"
 #include "magi/attention.h"
 #include "magi/error.h"
 #include "mask_flags.h"
+#include "memory_estimate.h"
 #include "oracle.h"
+#include "run_buffers.h"
+#include "run_command.h"
 
 #ifdef MAGI_CLI_MPI  // distributed `run` under mpirun: the runtime over the MPI communicator
-#include <mpi.h>
-
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstdlib>
-#include <fstream>
-#include <iterator>
-
 #include "magi/plan.h"
 #include "magi/runtime.h"
 #include "mpi_communicator.h"
@@ -40,20 +35,7 @@
 namespace magi::cli {
 namespace {
 
-struct RunFlags {
-  MaskFlags mask;
-  std::int64_t heads_q = 8, heads_kv = 2, head_dim = 128;
-  std::string dtype = "fp32";
-  int threads = 0;
-  double softcap = 0;
-  std::int64_t sink = 0;
-  std::int64_t check_rows = 64;
-  bool json = false;
-  double comm_timeout_s = 300;  // a dead or stuck peer becomes an error after this long
-  int ranks = 0;  // --ranks: expect this many MPI ranks (0: run distributed only under mpirun)
-};
-
-bool g_quiet = false;  // ranks other than 0 print nothing
+bool g_quiet = false;  // ranks other than 0 print no progress
 
 // fp64: SPEC §5's bar for the CPU backend. fp32, bf16, fp16: inputs are rounded to their
 // dtype once and the oracle reads the same rounded values, while the CPU backend widens them
@@ -63,107 +45,6 @@ double error_bar(DType t) { return t == DType::kF64 ? 1e-12 : 1e-5; }
 // Multiply-adds (cells x heads x head dim) the oracle may spend recomputing rows for the dk/dv
 // check: about 5 s of its fp64 scalar loops on 2 cores (4M cells at Hq 8, D 128).
 constexpr std::int64_t kOracleKeyBudget = std::int64_t(1) << 32;
-
-// A contiguous host buffer of one dtype; set() rounds to the dtype and returns what it stored.
-class Buffer {
- public:
-  Buffer(DType dtype, std::int64_t numel)
-      : dtype_(dtype), bytes_(std::size_t(numel) * std::size_t(dtype_size(dtype))) {}
-
-  TensorView view(std::initializer_list<std::int64_t> shape) {
-    return make_view(bytes_.data(), dtype_, shape);
-  }
-
-  double get(std::size_t i) const {
-    switch (dtype_) {
-      case DType::kF64:
-        return load<double>(i);
-      case DType::kF32:
-        return load<float>(i);
-      case DType::kBF16:
-        return to_float(load<BF16>(i));
-      case DType::kF16:
-        return to_float(load<F16>(i));
-    }
-    return 0;
-  }
-
-  double set(std::size_t i, double x) {
-    switch (dtype_) {
-      case DType::kF64:
-        store(i, x);
-        break;
-      case DType::kF32:
-        store(i, float(x));
-        break;
-      case DType::kBF16:
-        store(i, to_bf16(float(x)));
-        break;
-      case DType::kF16:
-        store(i, to_f16(float(x)));
-        break;
-    }
-    return get(i);
-  }
-
-  std::size_t numel() const { return bytes_.size() / std::size_t(dtype_size(dtype_)); }
-
- private:
-  template <typename T>
-  T load(std::size_t i) const {
-    T x;
-    std::memcpy(&x, bytes_.data() + i * sizeof(T), sizeof(T));
-    return x;
-  }
-  template <typename T>
-  void store(std::size_t i, T x) {
-    std::memcpy(bytes_.data() + i * sizeof(T), &x, sizeof(T));
-  }
-
-  DType dtype_;
-  std::vector<std::byte> bytes_;
-};
-
-// Standard normals by Box-Muller over the top 53 bits of mt19937_64: the same inputs for a
-// seed on every standard library (std::normal_distribution is not portable).
-std::vector<double> fill_normal(Buffer& buf, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  const auto unit = [&] { return double(rng() >> 11) * 0x1.0p-53; };
-  std::vector<double> exact(buf.numel());
-  for (std::size_t i = 0; i < exact.size(); i += 2) {
-    const double radius = std::sqrt(-2 * std::log(1 - unit()));  // 1 - u in (0, 1]
-    const double angle = 2 * std::numbers::pi * unit();
-    exact[i] = buf.set(i, radius * std::cos(angle));
-    if (i + 1 < exact.size()) exact[i + 1] = buf.set(i + 1, radius * std::sin(angle));
-  }
-  return exact;
-}
-
-// The tensors of one forward + backward: inputs in the run's dtype, outputs in the compute
-// type (so the check measures the kernels, not a final rounding). Used for the whole problem
-// and, distributed, for each rank's local rows.
-struct AttnBuffers {
-  std::int64_t nq, nk, hq, hkv, d;
-  Buffer q, k, v, dout, out, lse, dq, dk, dv;
-
-  AttnBuffers(DType in, DType compute, std::int64_t nq_, std::int64_t nk_, std::int64_t hq_,
-              std::int64_t hkv_, std::int64_t d_)
-      : nq(nq_), nk(nk_), hq(hq_), hkv(hkv_), d(d_),
-        q(in, nq * hq * d), k(in, nk * hkv * d), v(in, nk * hkv * d), dout(in, nq * hq * d),
-        out(compute, nq * hq * d), lse(compute, nq * hq), dq(compute, nq * hq * d),
-        dk(compute, nk * hkv * d), dv(compute, nk * hkv * d) {}
-
-  FwdArgs fwd(std::optional<TensorView> sink) {
-    return FwdArgs{q.view({nq, hq, d}), k.view({nk, hkv, d}), v.view({nk, hkv, d}),
-                   out.view({nq, hq, d}), lse.view({nq, hq}), sink, std::nullopt};
-  }
-  BwdArgs bwd(std::optional<TensorView> sink, std::optional<TensorView> dsink) {
-    return BwdArgs{dout.view({nq, hq, d}), q.view({nq, hq, d}),   k.view({nk, hkv, d}),
-                   v.view({nk, hkv, d}),   out.view({nq, hq, d}), lse.view({nq, hq}),
-                   dq.view({nq, hq, d}),   dk.view({nk, hkv, d}), dv.view({nk, hkv, d}),
-                   sink,                   dsink};
-  }
-};
 
 // `count` distinct sorted query rows including the first and the last.
 std::vector<std::int64_t> pick_query_rows(std::int64_t n, std::int64_t count,
@@ -238,336 +119,89 @@ double timed(const std::string& what, F&& f) {
   return s;
 }
 
-std::string fmt(const char* format, double x) {
-  char s[64];
-  std::snprintf(s, sizeof s, format, x);
-  return s;
+DType compute_dtype(DType in) { return in == DType::kF64 ? DType::kF64 : DType::kF32; }
+
+// The mask's tokens before it is built: a family's from --seqlen, a file's from the file
+// (loaded here: its size bounds it). `m` keeps a loaded file for later.
+std::int64_t mask_tokens(const RunFlags& f, std::optional<NamedMask>& m) {
+  if (f.mask.mask_file.empty()) return f.mask.spec.seqlen;
+  if (!m) m = make_mask(f.mask);
+  return m->mask.total_seqlen_q();
 }
 
-struct Result {
-  double fwd_s = 0, bwd_s = 0, fwd_flops = 0;  // backward FLOPs: 2.5x forward (SPEC §4)
-  std::vector<std::pair<std::string, std::optional<double>>> errors;  // empty: not checked
-  double bar = 0;
-  std::size_t num_q_checked = 0, num_k_checked = 0;
-  bool pass = true;
-  // Distributed runs only: per-rank lines (rank 0's view), fwd_s/bwd_s above are the slowest.
-  // hidden: the share of the comm-alone time (casts, and in the backward the dK/dV reduces,
-  // run back to back without compute) that the overlapped run did not spend blocked in waits.
-  struct RankLine {
-    std::int64_t tokens = 0, area = 0;
-    double fwd_s = 0, bwd_s = 0, bytes_in = 0, bytes_out = 0;
-    double fwd_wait_s = 0, bwd_wait_s = 0, fwd_comm_s = 0, bwd_comm_s = 0;
-    static double hidden(double wait, double comm) {
-      return comm > 0 ? std::clamp(1.0 - wait / comm, 0.0, 1.0) : 1.0;
-    }
-    double fwd_hidden() const { return hidden(fwd_wait_s, fwd_comm_s); }
-    double bwd_hidden() const { return hidden(bwd_wait_s, bwd_comm_s); }
-  };
-  std::vector<RankLine> ranks;
-};
-
-int num_threads(const RunFlags& f) {
-  return f.threads > 0 ? f.threads : int(std::thread::hardware_concurrency());
-}
-
-void print_table(const RunFlags& f, const NamedMask& m, const Result& r) {
-  print_mask_summary(std::cout, m);
-  std::cout << "problem     Hq " << f.heads_q << ", Hkv " << f.heads_kv << ", D " << f.head_dim
-            << ", " << f.dtype << ", cpu, " << num_threads(f) << " threads"
-            << (f.softcap > 0 ? ", softcap " + fmt("%g", f.softcap) : "")
-            << (f.sink > 0 ? ", sink " + std::to_string(f.sink) : "") << "\n"
-            << "forward     " << fmt("%.3f s", r.fwd_s)
-            << fmt("  %8.2f GFLOP/s", r.fwd_flops / r.fwd_s / 1e9) << "\n"
-            << "backward    " << fmt("%.3f s", r.bwd_s)
-            << fmt("  %8.2f GFLOP/s", 2.5 * r.fwd_flops / r.bwd_s / 1e9) << "\n"
-            << "checked     " << r.num_q_checked << " q rows, " << r.num_k_checked
-            << " k rows against the fp64 oracle, bar " << fmt("%.0e", r.bar) << "\n";
-  for (const auto& [name, e] : r.errors) {
-    std::cout << "error " << name << std::string(6 - name.size(), ' ')
-              << (e ? fmt("%.2e", *e) : "not checked (no row within the oracle's budget)") << "\n";
-  }
-  if (f.sink > 0) std::cout << "            (dsink is not checked: the sampled oracle has none)\n";
-  if (!r.ranks.empty()) {
-    std::cout << "ranks       " << r.ranks.size()
-              << " (MPI; bytes: K/V rows the plan's forward casts move, in the input dtype; "
-                 "backward returns as many dK/dV rows)\n"
-              << "            (wait: time blocked on communication; comm: the same communication "
-                 "alone, no compute; hidden = 1 - wait/comm)\n"
-              << "rank    tokens          area   forward  backward     bytes in    bytes out"
-                 "  fwd wait/comm  hidden  bwd wait/comm  hidden\n";
-    std::size_t slowest = 0;
-    for (std::size_t i = 0; i < r.ranks.size(); ++i) {
-      const auto& l = r.ranks[i];
-      if (l.fwd_s + l.bwd_s > r.ranks[slowest].fwd_s + r.ranks[slowest].bwd_s) slowest = i;
-      char line[256];
-      std::snprintf(line, sizeof line,
-                    "%-4zu %9lld %13lld %8.3f s %8.3f s %12.0f %12.0f  %6.3f/%6.3f  %5.1f%%  "
-                    "%6.3f/%6.3f  %5.1f%%\n",
-                    i, static_cast<long long>(l.tokens), static_cast<long long>(l.area), l.fwd_s,
-                    l.bwd_s, l.bytes_in, l.bytes_out, l.fwd_wait_s, l.fwd_comm_s,
-                    100 * l.fwd_hidden(), l.bwd_wait_s, l.bwd_comm_s, 100 * l.bwd_hidden());
-      std::cout << line;
-    }
-    std::cout << "slowest     rank " << slowest << ", "
-              << fmt("%.3f s", r.ranks[slowest].fwd_s + r.ranks[slowest].bwd_s)
-              << " (forward + backward); slowest forward " << fmt("%.3f s", r.fwd_s)
-              << ", slowest backward " << fmt("%.3f s", r.bwd_s) << "\n";
-  }
-  std::cout << "result      " << (r.pass ? "PASS" : "FAIL") << "\n";
-}
-
-void print_json(const RunFlags& f, const NamedMask& m, const Result& r) {
-  nlohmann::ordered_json j;
-  j["mask"] = m.name;
-  j["tokens_q"] = m.mask.total_seqlen_q();
-  j["tokens_k"] = m.mask.total_seqlen_k();
-  j["slices"] = m.mask.size();
-  j["area"] = m.mask.area();
-  j["sparsity"] = m.mask.sparsity();
-  j["heads_q"] = f.heads_q;
-  j["heads_kv"] = f.heads_kv;
-  j["head_dim"] = f.head_dim;
-  j["dtype"] = f.dtype;
-  j["threads"] = num_threads(f);
-  j["softcap"] = f.softcap;
-  j["sink"] = f.sink;
-  j["fwd_s"] = r.fwd_s;
-  j["fwd_gflops"] = r.fwd_flops / r.fwd_s / 1e9;
-  j["bwd_s"] = r.bwd_s;
-  j["bwd_gflops"] = 2.5 * r.fwd_flops / r.bwd_s / 1e9;
-  for (const auto& [name, e] : r.errors) j["rel_error"][name] = e ? nlohmann::json(*e) : nullptr;
-  j["bar"] = r.bar;
-  j["checked_q_rows"] = r.num_q_checked;
-  j["checked_k_rows"] = r.num_k_checked;
-  if (!r.ranks.empty()) {
-    j["ranks"] = r.ranks.size();
-    for (const auto& l : r.ranks)
-      j["per_rank"].push_back({{"tokens", l.tokens}, {"area", l.area}, {"fwd_s", l.fwd_s},
-                               {"bwd_s", l.bwd_s}, {"bytes_in", l.bytes_in},
-                               {"bytes_out", l.bytes_out}, {"fwd_wait_s", l.fwd_wait_s},
-                               {"fwd_comm_s", l.fwd_comm_s}, {"fwd_hidden", l.fwd_hidden()},
-                               {"bwd_wait_s", l.bwd_wait_s}, {"bwd_comm_s", l.bwd_comm_s},
-                               {"bwd_hidden", l.bwd_hidden()}});
-  }
-  j["pass"] = r.pass;
-  std::cout << j.dump() << "\n";
-}
-
-#ifdef MAGI_CLI_MPI
-// Under mpirun (Open MPI, MPICH/PMI, Slurm) or with --ranks: MPI is initialised only then.
-bool launched_by_mpi() {
-  for (const char* v : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS"}) {
-    if (std::getenv(v) != nullptr) return true;
-  }
-  return false;
-}
-
-// `magiattn run --ranks N` outside mpirun: replace this process by `mpiexec -n N magiattn
-// <the same arguments>` (Open MPI may oversubscribe the cores and run as root, as the tests
-// do). Returns only on failure.
-[[noreturn]] void launch_ranks(int ranks) {
-  std::ifstream cmdline("/proc/self/cmdline", std::ios::binary);
-  const std::string all((std::istreambuf_iterator<char>(cmdline)), {});
-  std::vector<std::string> args;
-  for (std::size_t i = 0; i < all.size();) {
-    const std::size_t end = all.find('\0', i);
-    args.push_back(all.substr(i, end - i));
-    i = end == std::string::npos ? all.size() : end + 1;
-  }
-  MAGI_CHECK(!args.empty(), "--ranks ", ranks, ": cannot read this process's arguments");
-  char self[4096];
-  const ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
-  MAGI_CHECK(len > 0, "--ranks ", ranks, ": cannot find this executable's path");
-  self[len] = '\0';
-  std::vector<std::string> cmd{MAGI_MPIEXEC, "-n", std::to_string(ranks), self};
-  cmd.insert(cmd.end(), args.begin() + 1, args.end());
-  std::vector<char*> argv;
-  for (std::string& a : cmd) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  setenv("OMPI_MCA_rmaps_base_oversubscribe", "1", 0);
-  setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
-  setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
-  std::cout.flush();
-  execv(MAGI_MPIEXEC, argv.data());
-  MAGI_FAIL("--ranks ", ranks, ": could not start ", MAGI_MPIEXEC, ": ", std::strerror(errno));
-}
-
-// MPI_Init on construction, MPI_Finalize on destruction (after the communicator is gone),
-// except after a communication failure: MPI_Finalize would wait for the dead or stuck peer,
-// so the rank skips it, main prints the error and exits 1, and mpirun ends the job.
-struct MpiSession {
-  bool comm_failed = false;
-  MpiSession() {
-    int initialized = 0;
-    MPI_Initialized(&initialized);
-    int provided = 0;  // MULTIPLE: the communicator's progress thread overlaps transfers
-    if (!initialized) MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
-  }
-  ~MpiSession() {
-    int finalized = 0;
-    MPI_Finalized(&finalized);
-    if (!finalized && !comm_failed) MPI_Finalize();
-  }
-  MpiSession(const MpiSession&) = delete;
-  MpiSession& operator=(const MpiSession&) = delete;
-};
-
-// Rows a rank receives / sends in the plan's forward casts (as DistPlan::summary counts them).
-std::pair<std::int64_t, std::int64_t> cast_rows(const plan::RankPlan& rp) {
-  std::int64_t in = 0, out = 0;
-  for (const plan::Stage& st : rp.stages) {
-    for (std::int64_t s : st.cast.output_split_sizes) in += s;
-    for (std::size_t i = 0; i < st.cast.input_split_sizes.size(); ++i)
-      out += st.cast.input_split_sizes[i] * std::int64_t(st.cast.dst_ranks[i].size());
-  }
-  return {in, out};
-}
-#endif
-
-int run_attention(RunFlags f) {
-  const NamedMask m = make_mask(f.mask);
-#ifdef MAGI_CLI_MPI
-  std::optional<MpiSession> mpi_session;
-  std::unique_ptr<comm::mpi::MpiCommunicator> world;
-  if (f.ranks > 1 && !launched_by_mpi()) launch_ranks(f.ranks);
-  struct SkipFinalizeIfBroken {  // destroyed before world and the session
-    std::optional<MpiSession>& session;
-    const std::unique_ptr<comm::mpi::MpiCommunicator>& world;
-    ~SkipFinalizeIfBroken() {
-      if (session && world && world->broken()) session->comm_failed = true;
-    }
-  } skip_finalize_if_broken{mpi_session, world};
-  if (f.ranks > 0 || launched_by_mpi()) {
-    mpi_session.emplace();
-    world = std::make_unique<comm::mpi::MpiCommunicator>();
-    world->set_timeout(std::chrono::milliseconds(std::int64_t(f.comm_timeout_s * 1000)));
-    MAGI_CHECK(f.ranks == 0 || f.ranks == world->size(), "--ranks ", f.ranks, ": running on ",
-               world->size(), " MPI ranks");
-    g_quiet = world->rank() != 0;
-    // Ranks share the host: split its cores unless --threads says otherwise.
-    if (f.threads == 0)
-      f.threads = std::max(1, int(std::thread::hardware_concurrency()) / world->size());
-  }
-#else
-  MAGI_CHECK(f.ranks == 0, "--ranks: this magiattn was built without MPI");
-#endif
+// What `processes` ranks of this host, each running this problem over cp ranks, allocate.
+void require_run_memory(const RunFlags& f, std::optional<NamedMask>& m, int cp, int processes) {
+  if (f.mask.no_memory_check) return;
   const DType dtype = dtype_from_name(f.dtype);
-  const DType compute = dtype == DType::kF64 ? DType::kF64 : DType::kF32;
-  const std::int64_t nq = m.mask.total_seqlen_q(), nk = m.mask.total_seqlen_k();
-  const std::int64_t hq = f.heads_q, hkv = f.heads_kv, d = f.head_dim, ns = f.sink;
+  const double tokens = double(mask_tokens(f, m));
+  const double tokens_k = m ? double(m->mask.total_seqlen_k()) : tokens;
+  RunSizes s;
+  s.num_q = tokens, s.num_k = tokens_k;
+  s.heads_q = double(f.heads_q), s.heads_kv = double(f.heads_kv), s.head_dim = double(f.head_dim);
+  s.sink = double(f.sink), s.check_rows = double(f.check_rows), s.cp = cp;
+  s.input_bytes = double(dtype_size(dtype)), s.compute_bytes = double(dtype_size(compute_dtype(dtype)));
+  MemoryEstimate e;
+  e.processes = processes;
+  add_run_tensors(e, s);
+  e.add("mask", mask_bytes_estimate(f.mask));
+  require_memory(e, "run", "lower --seqlen, --heads-q, --heads-kv or --head-dim");
+}
 
+// Checks that involve two flags; they fail on every rank alike.
+void check_run_flags(const RunFlags& f) {
+  MAGI_CHECK(f.heads_q % f.heads_kv == 0, "--heads-q ", f.heads_q,
+             " is not a multiple of --heads-kv ", f.heads_kv);
+}
+
+// Everything allocated before the timed calls: the mask, the whole problem's tensors and the
+// fp64 copies of the inputs that the oracle reads.
+struct Setup {
+  NamedMask m;
+  DType dtype, compute;
   oracle::Problem p;
-  p.num_q = nq, p.num_k = nk, p.heads_q = hq, p.heads_kv = hkv, p.head_dim = d;
-  p.softcap = f.softcap;
-  p.sink_len = ns;
-  AttnBuffers g(dtype, compute, nq, nk, hq, hkv, d);  // the whole problem
-  Buffer sink(compute, ns * hq), dsink(compute, ns * hq);
-  timed("inputs", [&] {
-    const std::uint64_t s = f.mask.spec.seed * 8;  // one stream per tensor
-    p.q = fill_normal(g.q, s + 1), p.k = fill_normal(g.k, s + 2), p.v = fill_normal(g.v, s + 3);
-    p.dout = fill_normal(g.dout, s + 4), p.sink = fill_normal(sink, s + 5);
-  });
+  AttnBuffers g;
+  Buffer sink, dsink;
   AttnOptions opts;
-  opts.softcap = f.softcap;
-  opts.num_threads = f.threads;
   std::optional<TensorView> sink_v, dsink_v;
-  if (ns > 0) sink_v = sink.view({ns, hq}), dsink_v = dsink.view({ns, hq});
-  const FwdArgs fa = g.fwd(sink_v);
-  const BwdArgs ba = g.bwd(sink_v, dsink_v);
-  double fwd_s = 0, bwd_s = 0;
-  std::vector<Result::RankLine> rank_lines;
-#ifdef MAGI_CLI_MPI
-  if (world) {
-    comm::Communicator& comm = *world;
-    const int rank = comm.rank(), cp = comm.size();
-    plan::PlanOptions po;
-    po.dispatch.cp = cp;
-    plan::DistPlan dp;
-    timed("plan for " + std::to_string(cp) + " ranks", [&] { dp = plan::make_plan(m.mask, po); });
-    const std::int64_t nl = dp.dispatch.rank_tokens(rank);
-    AttnBuffers l(dtype, compute, nl, nl, hq, hkv, d);  // this rank's rows
-    const FwdArgs la = l.fwd(sink_v);
-    const BwdArgs lb = l.bwd(sink_v, dsink_v);
-    timed("dispatch", [&] {
-      runtime::dispatch(dp, comm, fa.q, la.q);
-      runtime::dispatch(dp, comm, fa.k, la.k);
-      runtime::dispatch(dp, comm, fa.v, la.v);
-      runtime::dispatch(dp, comm, ba.dout, lb.dout);
-    });
-    runtime::CalcStats fwd_stats, bwd_stats;
-    comm.barrier();  // every rank starts the timed forward together
-    const double my_fwd = timed("forward (rank 0)", [&] {
-      runtime::calc_attn_forward(dp, comm, la, opts, &fwd_stats);
-    });
-    comm.barrier();
-    const double my_bwd = timed("backward (rank 0)", [&] {
-      runtime::calc_attn_backward(dp, comm, lb, opts, &bwd_stats);
-    });
-    comm.barrier();
-    double fwd_comm = 0, bwd_comm = 0;
-    timed("communication alone (fwd, bwd)", [&] {
-      fwd_comm = runtime::comm_only_seconds(dp, comm, la.k, la.v, false);
-      comm.barrier();
-      bwd_comm = runtime::comm_only_seconds(dp, comm, la.k, la.v, true);
-    });
-    if (ns > 0) {  // dsink is a per-rank partial: summed like a replicated parameter's gradient
-      comm.all_reduce(comm::Rows{dsink.view({ns, hq}).data, 1, ns * hq, compute},
-                      comm::ReduceOp::kSum)
-          ->wait();
-    }
-    timed("undispatch", [&] {
-      runtime::undispatch(dp, comm, la.out, fa.out);
-      runtime::undispatch(dp, comm, la.lse, fa.lse);
-      runtime::undispatch(dp, comm, lb.dq, ba.dq);
-      runtime::undispatch(dp, comm, lb.dk, ba.dk);
-      runtime::undispatch(dp, comm, lb.dv, ba.dv);
-    });
-    // Every rank's times to every rank; the table reports the slowest.
-    // Through the Communicator, not raw MPI, so a dead rank gives an error, never a hang.
-    constexpr int kTimes = 6;
-    std::vector<double> times(std::size_t(kTimes * cp), 0.0);
-    const double mine[kTimes] = {my_fwd, my_bwd, fwd_stats.wait_s, bwd_stats.wait_s, fwd_comm,
-                                 bwd_comm};
-    std::copy(mine, mine + kTimes, times.begin() + kTimes * rank);
-    comm.all_reduce(comm::Rows{times.data(), 1, kTimes * cp, DType::kF64}, comm::ReduceOp::kSum)
-        ->wait();
-    const double row_bytes = double(2 * hkv * d * dtype_size(dtype));  // one K row + one V row
-    for (int r = 0; r < cp; ++r) {
-      const plan::RankPlan& rp = dp.ranks[std::size_t(r)];
-      Result::RankLine l;
-      l.tokens = dp.dispatch.rank_tokens(r);
-      l.area = rp.host_area;
-      for (const plan::Stage& st : rp.stages) l.area += st.area;
-      const double* t = times.data() + kTimes * r;
-      l.fwd_s = t[0], l.bwd_s = t[1], l.fwd_wait_s = t[2], l.bwd_wait_s = t[3];
-      l.fwd_comm_s = t[4], l.bwd_comm_s = t[5];
-      const auto [in, out_rows] = cast_rows(rp);
-      l.bytes_in = double(in) * row_bytes;
-      l.bytes_out = double(out_rows) * row_bytes;
-      fwd_s = std::max(fwd_s, l.fwd_s);
-      bwd_s = std::max(bwd_s, l.bwd_s);
-      rank_lines.push_back(l);
-    }
-    if (rank != 0) {  // rank 0 checks against the oracle; the others wait for its verdict
-      double pass = 0;  // the verdict is rank 0's contribution to a sum
-      comm.all_reduce(comm::Rows{&pass, 1, 1, DType::kF64}, comm::ReduceOp::kSum)->wait();
-      return pass > 0 ? 0 : 1;
-    }
-  } else
-#endif
-  {
-    fwd_s = timed("forward", [&] { attn_forward(m.mask, fa, opts); });
-    bwd_s = timed("backward", [&] { attn_backward(m.mask, ba, opts); });
-  }
 
+  Setup(const RunFlags& f, NamedMask mask)
+      : m(std::move(mask)), dtype(dtype_from_name(f.dtype)), compute(compute_dtype(dtype)),
+        g(dtype, compute, m.mask.total_seqlen_q(), m.mask.total_seqlen_k(), f.heads_q,
+          f.heads_kv, f.head_dim),
+        sink(compute, f.sink * f.heads_q), dsink(compute, f.sink * f.heads_q) {
+    p.num_q = g.nq, p.num_k = g.nk, p.heads_q = g.hq, p.heads_kv = g.hkv, p.head_dim = g.d;
+    p.softcap = f.softcap;
+    p.sink_len = f.sink;
+    timed("inputs", [&] {
+      const std::uint64_t s = f.mask.spec.seed * 8;  // one stream per tensor
+      p.q = fill_normal(g.q, s + 1), p.k = fill_normal(g.k, s + 2), p.v = fill_normal(g.v, s + 3);
+      p.dout = fill_normal(g.dout, s + 4), p.sink = fill_normal(sink, s + 5);
+    });
+    opts.softcap = f.softcap;
+    opts.num_threads = f.threads;
+    if (f.sink > 0) sink_v = sink.view({f.sink, g.hq}), dsink_v = dsink.view({f.sink, g.hq});
+  }
+};
+
+std::unique_ptr<Setup> set_up(const RunFlags& f, int cp, int processes) {
+  std::optional<NamedMask> m;
+  require_run_memory(f, m, cp, processes);
+  if (!m) m = make_mask(f.mask);
+  return std::make_unique<Setup>(f, std::move(*m));
+}
+
+// The oracle's verdict on sampled rows of the whole problem's outputs and gradients.
+Result check(const RunFlags& f, Setup& s, double fwd_s, double bwd_s) {
+  const Mask& mask = s.m.mask;
+  const std::int64_t hq = f.heads_q, hkv = f.heads_kv, d = f.head_dim;
   std::mt19937_64 rng(f.mask.spec.seed + 0x5eed);
-  const auto q_rows = pick_query_rows(nq, f.check_rows, rng);
-  const auto k_rows = pick_key_rows(m.mask, f.check_rows / 4, kOracleKeyBudget / (hq * d), rng);
+  const auto q_rows = pick_query_rows(mask.total_seqlen_q(), f.check_rows, rng);
+  const auto k_rows = pick_key_rows(mask, f.check_rows / 4, kOracleKeyBudget / (hq * d), rng);
   oracle::RowResult ref;
   if (!q_rows.empty()) {
     timed("oracle on " + std::to_string(q_rows.size()) + " q and " + std::to_string(k_rows.size()) +
               " k rows",
-          [&] { ref = oracle::sampled(m.mask, p, q_rows, k_rows); });
+          [&] { ref = oracle::sampled(mask, s.p, q_rows, k_rows); });
   }
   const auto error = [](const Buffer& b, const std::vector<std::int64_t>& rows,
                         std::int64_t row_len, const std::vector<double>& want) {
@@ -578,29 +212,224 @@ int run_attention(RunFlags f) {
   Result r;
   r.fwd_s = fwd_s;
   r.bwd_s = bwd_s;
-  r.fwd_flops = attn_fwd_flops(m.mask.area(), hq, d);
-  r.errors = {{"out", error(g.out, ref.q_rows, hq * d, ref.out)},
-              {"lse", error(g.lse, ref.q_rows, hq, ref.lse)},
-              {"dq", error(g.dq, ref.q_rows, hq * d, ref.dq)},
-              {"dk", error(g.dk, ref.k_rows, hkv * d, ref.dk)},
-              {"dv", error(g.dv, ref.k_rows, hkv * d, ref.dv)}};
-  r.bar = error_bar(dtype);
+  r.fwd_flops = attn_fwd_flops(mask.area(), hq, d);
+  r.errors = {{"out", error(s.g.out, ref.q_rows, hq * d, ref.out)},
+              {"lse", error(s.g.lse, ref.q_rows, hq, ref.lse)},
+              {"dq", error(s.g.dq, ref.q_rows, hq * d, ref.dq)},
+              {"dk", error(s.g.dk, ref.k_rows, hkv * d, ref.dk)},
+              {"dv", error(s.g.dv, ref.k_rows, hkv * d, ref.dv)}};
+  r.bar = error_bar(s.dtype);
   r.num_q_checked = q_rows.size();
   r.num_k_checked = k_rows.size();
   for (const auto& [name, e] : r.errors) r.pass = r.pass && (!e || *e <= r.bar);  // NaN fails
-  r.ranks = std::move(rank_lines);
-#ifdef MAGI_CLI_MPI
-  if (world) {
-    double pass = r.pass ? 1 : 0;
-    world->all_reduce(comm::Rows{&pass, 1, 1, DType::kF64}, comm::ReduceOp::kSum)->wait();
-  }
-#endif
+  return r;
+}
+
+int print_result(const RunFlags& f, const Setup& s, const Result& r) {
   if (f.json) {
-    print_json(f, m, r);
+    print_json(f, s.m, r);
   } else {
-    print_table(f, m, r);
+    print_table(f, s.m, r);
   }
   return r.pass ? 0 : 1;
+}
+
+int run_single(const RunFlags& f) {
+  const std::unique_ptr<Setup> s = set_up(f, 1, 1);
+  const FwdArgs fa = s->g.fwd(s->sink_v);
+  const BwdArgs ba = s->g.bwd(s->sink_v, s->dsink_v);
+  const double fwd_s = timed("forward", [&] { attn_forward(s->m.mask, fa, s->opts); });
+  const double bwd_s = timed("backward", [&] { attn_backward(s->m.mask, ba, s->opts); });
+  return print_result(f, *s, check(f, *s, fwd_s, bwd_s));
+}
+
+#ifdef MAGI_CLI_MPI
+// Rows a rank receives / sends in the plan's forward casts (as DistPlan::summary counts them).
+std::pair<std::int64_t, std::int64_t> cast_rows(const plan::RankPlan& rp) {
+  std::int64_t in = 0, out = 0;
+  for (const plan::Stage& st : rp.stages) {
+    for (std::int64_t s : st.cast.output_split_sizes) in += s;
+    for (std::size_t i = 0; i < st.cast.input_split_sizes.size(); ++i)
+      out += st.cast.input_split_sizes[i] * std::int64_t(st.cast.dst_ranks[i].size());
+  }
+  return {in, out};
+}
+
+std::string ranks_label(const RunFlags& f, int cp) {
+  return f.ranks > 0 ? "--ranks " + std::to_string(cp) : std::to_string(cp) + " MPI ranks";
+}
+
+// The timed distributed forward + backward of a set-up problem; rank 0 checks and prints.
+int run_ranks(const RunFlags& f, comm::Communicator& comm, Setup& s, const plan::DistPlan& dp,
+              AttnBuffers& local) {
+  const int rank = comm.rank(), cp = comm.size();
+  const std::int64_t hkv = f.heads_kv, d = f.head_dim, ns = f.sink, hq = f.heads_q;
+  const DType dtype = s.dtype, compute = s.compute;
+  const AttnOptions& opts = s.opts;
+  const FwdArgs fa = s.g.fwd(s.sink_v);
+  const BwdArgs ba = s.g.bwd(s.sink_v, s.dsink_v);
+  const FwdArgs la = local.fwd(s.sink_v);
+  const BwdArgs lb = local.bwd(s.sink_v, s.dsink_v);
+  Buffer& dsink = s.dsink;
+  double fwd_s = 0, bwd_s = 0;
+  std::vector<Result::RankLine> rank_lines;
+  timed("dispatch", [&] {
+    runtime::dispatch(dp, comm, fa.q, la.q);
+    runtime::dispatch(dp, comm, fa.k, la.k);
+    runtime::dispatch(dp, comm, fa.v, la.v);
+    runtime::dispatch(dp, comm, ba.dout, lb.dout);
+  });
+  runtime::CalcStats fwd_stats, bwd_stats;
+  comm.barrier();  // every rank starts the timed forward together
+  const double my_fwd = timed("forward (rank 0)", [&] {
+    runtime::calc_attn_forward(dp, comm, la, opts, &fwd_stats);
+  });
+  comm.barrier();
+  const double my_bwd = timed("backward (rank 0)", [&] {
+    runtime::calc_attn_backward(dp, comm, lb, opts, &bwd_stats);
+  });
+  comm.barrier();
+  double fwd_comm = 0, bwd_comm = 0;
+  timed("communication alone (fwd, bwd)", [&] {
+    fwd_comm = runtime::comm_only_seconds(dp, comm, la.k, la.v, false);
+    comm.barrier();
+    bwd_comm = runtime::comm_only_seconds(dp, comm, la.k, la.v, true);
+  });
+  if (ns > 0) {  // dsink is a per-rank partial: summed like a replicated parameter's gradient
+    comm.all_reduce(comm::Rows{dsink.view({ns, hq}).data, 1, ns * hq, compute},
+                    comm::ReduceOp::kSum)
+        ->wait();
+  }
+  timed("undispatch", [&] {
+    runtime::undispatch(dp, comm, la.out, fa.out);
+    runtime::undispatch(dp, comm, la.lse, fa.lse);
+    runtime::undispatch(dp, comm, lb.dq, ba.dq);
+    runtime::undispatch(dp, comm, lb.dk, ba.dk);
+    runtime::undispatch(dp, comm, lb.dv, ba.dv);
+  });
+  // Every rank's times to every rank; the table reports the slowest.
+  // Through the Communicator, not raw MPI, so a dead rank gives an error, never a hang.
+  constexpr int kTimes = 6;
+  std::vector<double> times(std::size_t(kTimes * cp), 0.0);
+  const double mine[kTimes] = {my_fwd, my_bwd, fwd_stats.wait_s, bwd_stats.wait_s, fwd_comm,
+                               bwd_comm};
+  std::copy(mine, mine + kTimes, times.begin() + kTimes * rank);
+  comm.all_reduce(comm::Rows{times.data(), 1, kTimes * cp, DType::kF64}, comm::ReduceOp::kSum)
+      ->wait();
+  const double row_bytes = double(2 * hkv * d * dtype_size(dtype));  // one K row + one V row
+  for (int r = 0; r < cp; ++r) {
+    const plan::RankPlan& rp = dp.ranks[std::size_t(r)];
+    Result::RankLine l;
+    l.tokens = dp.dispatch.rank_tokens(r);
+    l.area = rp.host_area;
+    for (const plan::Stage& st : rp.stages) l.area += st.area;
+    const double* t = times.data() + kTimes * r;
+    l.fwd_s = t[0], l.bwd_s = t[1], l.fwd_wait_s = t[2], l.bwd_wait_s = t[3];
+    l.fwd_comm_s = t[4], l.bwd_comm_s = t[5];
+    const auto [in, out_rows] = cast_rows(rp);
+    l.bytes_in = double(in) * row_bytes;
+    l.bytes_out = double(out_rows) * row_bytes;
+    fwd_s = std::max(fwd_s, l.fwd_s);
+    bwd_s = std::max(bwd_s, l.bwd_s);
+    rank_lines.push_back(l);
+  }
+
+  // Rank 0 checks against the oracle and sends the exit code (0 pass, 1 FAIL, 2 or 3 an
+  // error it reports) as its share of a sum; the others end with it in silence.
+  double verdict = 0;
+  Result r;
+  std::exception_ptr error;
+  if (rank == 0) {
+    try {
+      r = check(f, s, fwd_s, bwd_s);
+      verdict = r.pass ? 0 : 1;
+    } catch (const std::exception& e) {
+      verdict = exit_code_of(e);
+      error = std::current_exception();
+    }
+  }
+  comm.all_reduce(comm::Rows{&verdict, 1, 1, DType::kF64}, comm::ReduceOp::kSum)->wait();
+  if (rank != 0) return int(verdict);
+  if (error) std::rethrow_exception(error);
+  r.ranks = std::move(rank_lines);
+  return print_result(f, s, r);
+}
+
+// Under mpirun, or with --ranks (then launched through mpiexec first). Setup failures are
+// compared across ranks before the first transfer (distributed.h); a later failure is
+// reported by each rank that sees it, prefixed with its rank beyond rank 0.
+int run_distributed(RunFlags f) {
+  std::optional<MpiSession> mpi_session;
+  std::unique_ptr<comm::mpi::MpiCommunicator> world;
+  struct SkipFinalizeIfBroken {  // destroyed before world and the session
+    std::optional<MpiSession>& session;
+    const std::unique_ptr<comm::mpi::MpiCommunicator>& world;
+    ~SkipFinalizeIfBroken() {
+      if (session && world && world->broken()) session->comm_failed = true;
+    }
+  } skip_finalize_if_broken{mpi_session, world};
+  mpi_session.emplace();
+  world = std::make_unique<comm::mpi::MpiCommunicator>();
+  world->set_timeout(std::chrono::milliseconds(std::int64_t(f.comm_timeout_s * 1000)));
+  const int rank = world->rank(), cp = world->size();
+  g_quiet = rank != 0;
+  const std::string who = rank == 0 ? "" : "rank " + std::to_string(rank) + ": ";
+  std::unique_ptr<Setup> s;
+  plan::DistPlan dp;
+  std::unique_ptr<AttnBuffers> l;
+  int code = 0;
+  std::string text;
+  std::exception_ptr error;
+  try {
+    MAGI_CHECK(f.ranks == 0 || f.ranks == cp, "--ranks ", f.ranks, ": running on ", cp,
+               " MPI ranks");
+    // Ranks share the host: split its cores unless --threads says otherwise.
+    if (f.threads == 0) f.threads = std::max(1, int(std::thread::hardware_concurrency()) / cp);
+    s = set_up(f, cp, local_ranks(1));
+    require_divisible(tokens_label(f.mask, s->g.nq), s->g.nq, ranks_label(f, cp), cp, 0,
+                      f.uneven);
+    plan::PlanOptions po;
+    po.dispatch.cp = cp;
+    po.dispatch.uneven = f.uneven;
+    timed("plan for " + std::to_string(cp) + " ranks", [&] { dp = plan::make_plan(s->m.mask, po); });
+    const std::int64_t nl = dp.dispatch.rank_tokens(rank);
+    l = std::make_unique<AttnBuffers>(s->dtype, s->compute, nl, nl, f.heads_q, f.heads_kv,
+                                      f.head_dim);  // this rank's rows
+  } catch (const std::exception& e) {
+    code = exit_code_of(e);
+    text = error_text(e, false);
+    error = std::current_exception();
+  }
+  try {
+    const Verdict v = agree_on_setup(*world, code, text);
+    if (!v.go_on) {
+      if (v.print) std::rethrow_exception(error);
+      return v.exit_code;
+    }
+    return run_ranks(f, *world, *s, dp, *l);
+  } catch (const std::exception& e) {
+    return report_error(e, who);
+  }
+}
+#endif
+
+int run_attention(const RunFlags& f) {
+  check_run_flags(f);
+#ifdef MAGI_CLI_MPI
+  if (f.ranks > 1 && !launched_by_mpi()) {
+    // Refuse here what every rank would refuse, before any rank starts.
+    std::optional<NamedMask> m;
+    require_run_memory(f, m, f.ranks, f.ranks);
+    const std::int64_t tokens = mask_tokens(f, m);
+    require_divisible(tokens_label(f.mask, tokens), tokens, ranks_label(f, f.ranks), f.ranks, 0,
+                      f.uneven);
+    launch_ranks(f.ranks);
+  }
+  if (f.ranks > 0 || launched_by_mpi()) return run_distributed(f);
+#else
+  MAGI_CHECK(f.ranks == 0, "--ranks: this magiattn was built without MPI");
+#endif
+  return run_single(f);
 }
 
 }  // namespace
@@ -612,40 +441,45 @@ Command add_run_command(CLI::App& parent) {
   add_mask_flags(*cmd, flags->mask);
   cmd->add_option("--heads-q", flags->heads_q, "query heads")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(1));
   cmd->add_option("--heads-kv", flags->heads_kv, "key/value heads (divides --heads-q)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  cmd->add_option("--head-dim", flags->head_dim, "head dimension")
+      ->check(at_least(1));
+  cmd->add_option("--head-dim", flags->head_dim, "head dimension: a multiple of 8 up to " +
+                                                     std::to_string(kMaxHeadDim))
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(in_range(8, kMaxHeadDim))
+      ->check(multiple_of(8));
   cmd->add_option("--dtype", flags->dtype, "input dtype")
       ->capture_default_str()
       ->check(CLI::IsMember({"fp32", "fp64", "bf16", "fp16"}));
   cmd->add_option("--threads", flags->threads, "CPU threads (0: all)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(at_least(0));
   cmd->add_option("--softcap", flags->softcap, "logit softcap c (0: off)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(at_least(0));
   cmd->add_option("--sink", flags->sink, "learnable sink tokens per head")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(at_least(0));
   cmd->add_option("--check-rows", flags->check_rows,
                   "query rows checked against the oracle; key rows: up to a quarter as many, "
                   "within the oracle's time budget (0: no check)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(at_least(0));
   cmd->add_flag("--json", flags->json, "print one JSON result line instead of the table");
   cmd->add_option("--ranks", flags->ranks,
                   "run distributed on this many MPI ranks: under mpirun, the ranks it started; "
                   "without it, magiattn starts them with mpiexec (0: as launched)")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(at_least(0));
+  cmd->add_flag("--uneven", flags->uneven,
+                "distributed: allow ranks to differ by one chunk when they do not divide the "
+                "tokens");
   cmd->add_option("--comm-timeout", flags->comm_timeout_s,
                   "seconds a rank waits for a peer before failing (distributed runs)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(above(0));
   return {cmd, [flags] { return run_attention(*flags); }};
 }
 

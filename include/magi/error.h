@@ -3,6 +3,7 @@
 // act on it without reading our source.
 #pragma once
 
+#include <cstddef>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -12,6 +13,16 @@ namespace magi {
 class Error : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+  // what() is message + where (the " (check ... failed at file:line)" suffix of MAGI_CHECK).
+  Error(const std::string& message, const std::string& where)
+      : std::runtime_error(message + where), message_size_(message.size()) {}
+
+  // The message without the where suffix (all of what() when the error was built without
+  // one): what a command line shows a user, while what() goes to logs and bug reports.
+  std::string message() const { return std::string(what()).substr(0, message_size_); }
+
+ private:
+  std::size_t message_size_ = std::string::npos;
 };
 
 namespace detail {
@@ -26,8 +37,8 @@ std::string cat(const Args&... args) {
 template <typename... Args>
 [[noreturn]] void fail(const char* file, int line, const char* expr, const Args&... args) {
   const std::string where = std::string(file) + ":" + std::to_string(line);
-  throw Error(cat(args...) + (expr ? " (check `" + std::string(expr) + "` failed at " + where + ")"
-                                   : " (at " + where + ")"));
+  throw Error(cat(args...), expr ? " (check `" + std::string(expr) + "` failed at " + where + ")"
+                                 : " (at " + where + ")");
 }
 
 }  // namespace detail

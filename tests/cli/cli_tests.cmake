@@ -1,14 +1,27 @@
 # CLI tests run the real magiattn binary: small end-to-end runs that must PASS against the
 # oracle, the mask printer and a save/load round trip, and bad input that must fail with
-# exit code 2 and a message naming the culprit.
-function(magi_cli_test name exit_code regex)
+# exit code 2 and a readable message naming the culprit: no source location (that is for
+# --verbose), no 309-digit range, one line under mpirun however many ranks fail.
+set(cli_no_location "failed at src/|\\(at src/|check `")
+
+# magi_cli_expect(name exe exit_code regex not_regex args...): `exe args` must exit with
+# exit_code, print something matching regex and nothing matching not_regex ("" for none).
+function(magi_cli_expect name exe exit_code regex not_regex)
   string(REPLACE ";" "|" args "${ARGN}")
   add_test(NAME cli.${name}
-           COMMAND ${CMAKE_COMMAND} -DEXE=$<TARGET_FILE:magiattn> "-DARGS=${args}"
-                   -DEXIT=${exit_code} "-DREGEX=${regex}" -P ${CMAKE_CURRENT_LIST_DIR}/expect.cmake)
+           COMMAND ${CMAKE_COMMAND} -DEXE=${exe} "-DARGS=${args}" -DEXIT=${exit_code}
+                   "-DREGEX=${regex}" "-DNOT_REGEX=${not_regex}"
+                   -P ${CMAKE_CURRENT_LIST_DIR}/expect.cmake)
+endfunction()
+function(magi_cli_test name exit_code regex)
+  magi_cli_expect(${name} $<TARGET_FILE:magiattn> ${exit_code} "${regex}" "${cli_no_location}"
+                  ${ARGN})
 endfunction()
 
 set(mask_json ${CMAKE_CURRENT_BINARY_DIR}/cli_block_sparse.json)
+set(missing_json ${CMAKE_CURRENT_BINARY_DIR}/does-not-exist.json)
+set(broken_json ${CMAKE_CURRENT_BINARY_DIR}/cli_broken_mask.json)
+file(WRITE ${broken_json} "{\"total_seqlen_q\": 4}\n")
 
 magi_cli_test(version 0 "magiattn 0\\.1\\.0" --version)
 magi_cli_test(run_default_small 0 "result +PASS" run --seqlen 2048)
@@ -30,23 +43,81 @@ magi_cli_test(bad_flag 2 "magiattn: error: .*--bogus" run --bogus)
 magi_cli_test(no_subcommand 2 "magiattn: error: .*subcommand")
 magi_cli_test(unknown_family 2 "magiattn: error: unknown mask family 'nope' \\(valid: full, causal"
               run --mask nope)
-magi_cli_test(missing_mask_file 2 "magiattn: error: .*does-not-exist\\.json" mask --mask-file
-              ${CMAKE_CURRENT_BINARY_DIR}/does-not-exist.json)
+magi_cli_test(missing_mask_file 2 "magiattn: error: cannot open mask file '.*does-not-exist\\.json'\n"
+              mask --mask-file ${missing_json})
 magi_cli_test(bad_dtype 2 "magiattn: error: .*int8" run --dtype int8)
-magi_cli_test(bad_seqlen 2 "magiattn: error: .*--seqlen" run --seqlen -5)
-magi_cli_test(bad_heads 2 "magiattn: error: q: 6 heads are not a multiple of the 4" run
+magi_cli_test(bad_seqlen 2 "magiattn: error: --seqlen: must be >= 1 \\(got -5\\)" run --seqlen -5)
+magi_cli_test(bad_heads 2 "magiattn: error: --heads-q 6 is not a multiple of --heads-kv 4\n" run
               --seqlen 256 --heads-q 6 --heads-kv 4)
 magi_cli_test(mask_and_file_conflict 2 "magiattn: error: .*excludes" run --mask causal --mask-file
               x.json)
 
-# `magiattn plan`: a small varlen-causal plan over 8 ranks, saved as JSON; bad input names the flag.
+# Out-of-range values name the bound, not CLI11's whole double range (309 digits).
+magi_cli_expect(seqlen_zero $<TARGET_FILE:magiattn> 2
+                "magiattn: error: --seqlen: must be >= 1 \\(got 0\\)" "1797693|0\\.000000" run
+                --seqlen 0)
+magi_cli_expect(plan_cp_zero $<TARGET_FILE:magiattn> 2
+                "magiattn: error: --cp: must be >= 1 \\(got 0\\)" "1797693|0\\.000000" plan --cp 0)
+magi_cli_test(head_dim_not_multiple 2 "magiattn: error: --head-dim: must be a multiple of 8 \\(got 12\\)"
+              run --head-dim 12)
+magi_cli_test(head_dim_too_large 2 "magiattn: error: --head-dim: must be in \\[8, 256\\] \\(got 512\\)"
+              run --head-dim 512)
+magi_cli_test(density_zero 2 "magiattn: error: --density: must be > 0 \\(got 0\\)" mask --mask
+              block-sparse --density 0)
+magi_cli_test(seqlen_over_area_limit 2
+              "magiattn: error: --seqlen 4,000,000,000: at most 3,037,000,499 tokens" mask --mask
+              causal --seqlen 4000000000)
+
+# A mask file fixes the mask and its tokens: the family flags conflict with it.
+magi_cli_test(mask_file_and_seqlen 2 "magiattn: error: --(seqlen excludes --mask-file|mask-file excludes --seqlen) \\(give one or the other\\)"
+              run --mask-file ${mask_json} --seqlen 4096)
+magi_cli_test(mask_file_and_window 2 "magiattn: error: .*excludes --(window|mask-file)" mask
+              --window 64 --mask-file ${mask_json})
+
+# Memory is estimated before anything is allocated: 10^12 tokens used to fill memory for 54 s
+# and die of std::bad_alloc (exit 3); now a refusal within the second, with the estimate.
+magi_cli_test(run_memory_refused 2
+              "magiattn: error: run needs about [0-9.]+ PiB of memory \\(inputs [0-9.]+ PiB, .*\\) but [0-9.]+ [KMGT]?i?B is available"
+              run --seqlen 1000000000000)
+magi_cli_test(run_memory_refused_heads 2 "magiattn: error: run needs about [0-9.]+ TiB" run
+              --seqlen 1000 --heads-q 100000000 --heads-kv 1)
+magi_cli_test(mask_memory_refused 2 "magiattn: error: the mask needs about [0-9.]+ EiB" mask
+              --mask block-sparse --seqlen 1000000000000)
+set_tests_properties(cli.run_memory_refused cli.run_memory_refused_heads cli.mask_memory_refused
+                     PROPERTIES TIMEOUT 10)
+
+# Errors carry the message only; --verbose (before or after the subcommand) adds where the
+# library raised it. A message re-wrapped by the library (path: inner message) is cut too.
+magi_cli_test(broken_mask_file 2
+              "magiattn: error: .*cli_broken_mask\\.json: mask JSON: missing field \"total_seqlen_k\"\n"
+              mask --mask-file ${broken_json})
+magi_cli_expect(verbose_location $<TARGET_FILE:magiattn> 2
+                "cannot open mask file '.*' \\(check `in.good\\(\\)` failed at src/mask/json\\.cc:[0-9]+\\)"
+                "" --verbose mask --mask-file ${missing_json})
+magi_cli_expect(verbose_after_subcommand $<TARGET_FILE:magiattn> 2
+                "cannot open mask file '.*' \\(check `in.good\\(\\)` failed at src/mask/json\\.cc:[0-9]+\\)"
+                "" mask --mask-file ${missing_json} --verbose)
+
+# `magiattn plan`: a small varlen-causal plan over 8 ranks, saved as JSON; bad input names the
+# flag, and the hint names a flag that exists (the library's own says "set uneven").
 set(plan_json ${CMAKE_CURRENT_BINARY_DIR}/cli_plan.json)
-magi_cli_test(plan_small 0 "imbalance.*planning time.*ours.*ring \\(zigzag\\).*all-gather.*saved"
+magi_cli_test(plan_small 0
+              "plan +cp 8, chunks of [0-9,]+ tokens.*\nimbalance +[0-9]+\\.[0-9][0-9]% \\(max / mean - 1 of the ranks' visible area.*\nrank +tokens +area +host area +K/V in +K/V out\n +0 +1,024 .* [KMG]iB +[0-9.]+ [KMG]iB\n.*K/V bytes +ours [0-9.]+ MiB, ring \\(zigzag\\) [0-9.]+ MiB, all-gather.*saved"
               plan --seqlen 8192 --cp 8 --json ${plan_json})
+# One imbalance figure, and no raw byte counts (7 digits or more without separators).
+magi_cli_expect(plan_one_imbalance $<TARGET_FILE:magiattn> 0 "imbalance"
+                "imbalance.*imbalance|[0-9][0-9][0-9][0-9][0-9][0-9][0-9]" plan --seqlen 8192 --cp 8)
+magi_cli_test(plan_stages_columns 0 "stage 0 in +stage 1 in\n +0 .*MiB +[0-9.]+ MiB +[0-9.]+ MiB\n"
+              plan --seqlen 8192 --cp 4 --stages 2 --mask causal)
 magi_cli_test(plan_bad_algorithm 2 "magiattn: error: --algorithm 'lpt'" plan --seqlen 1024 --cp 2
               --algorithm lpt)
-magi_cli_test(plan_indivisible 2 "magiattn: error: .*not divisible by cp 3" plan --seqlen 1000
-              --cp 3)
+magi_cli_test(plan_indivisible 2
+              "magiattn: error: --seqlen 1,000: not divisible by --cp 3 \\(pass --uneven to allow uneven shards\\)"
+              plan --seqlen 1000 --cp 3)
+magi_cli_test(plan_indivisible_chunk 2
+              "not divisible by --cp 3 x --chunk-size 128 \\(pass --uneven to allow a short last chunk\\)"
+              plan --seqlen 1024 --cp 3 --chunk-size 128)
+magi_cli_test(plan_uneven 0 "plan +cp 3" plan --seqlen 1000 --cp 3 --uneven)
 
 # `mpirun -np N magiattn run`: the distributed run through the runtime, checked on rank 0.
 if(TARGET magi_runtime AND TARGET magi_comm_mpi)
@@ -65,4 +136,34 @@ if(TARGET magi_runtime AND TARGET magi_comm_mpi)
   set_tests_properties(cli.run_ranks_self_launch PROPERTIES TIMEOUT 120 PASS_REGULAR_EXPRESSION
                        "ranks +2 \\(MPI.*result +PASS" FAIL_REGULAR_EXPRESSION
                        "result +FAIL;magiattn: (internal )?error" PROCESSORS 2)
+  # --ranks refuses what every rank would refuse before starting any: memory for both ranks
+  # of this host, tokens the ranks do not divide (the hint names run's own --uneven).
+  magi_cli_test(ranks_memory_refused 2 "run needs about [0-9.]+ PiB of memory \\(2 ranks on this host x"
+                run --ranks 2 --seqlen 1000000000000)
+  magi_cli_test(ranks_indivisible 2
+                "magiattn: error: --seqlen 1,000: not divisible by --ranks 3 \\(pass --uneven to allow uneven shards\\)"
+                run --ranks 3 --seqlen 1000)
+  # Under mpirun, one error line however many ranks fail: the same flags fail alike (rank 0
+  # prints), a setup failure is compared across ranks, a failure of one rank is printed by it.
+  set(cli_once "magiattn: (internal )?error.*magiattn: (internal )?error|${cli_no_location}")
+  magi_cli_expect(mpi_bad_flag_once ${MPIEXEC_EXECUTABLE} 2 "magiattn: error: --seqlen: must be >= 1"
+                  "${cli_once}" ${cli_mpi_flags} ${MPIEXEC_NUMPROC_FLAG} 2 $<TARGET_FILE:magiattn>
+                  run --seqlen 0)
+  magi_cli_expect(mpi_setup_error_once ${MPIEXEC_EXECUTABLE} 2
+                  "magiattn: error: cannot open mask file" "${cli_once}|rank 1:" ${cli_mpi_flags}
+                  ${MPIEXEC_NUMPROC_FLAG} 2 $<TARGET_FILE:magiattn> run --mask-file ${missing_json})
+  magi_cli_expect(mpi_indivisible_once ${MPIEXEC_EXECUTABLE} 2
+                  "--seqlen 1,000: not divisible by 3 MPI ranks \\(pass --uneven" "${cli_once}"
+                  ${cli_mpi_flags} ${MPIEXEC_NUMPROC_FLAG} 3 $<TARGET_FILE:magiattn> run --seqlen
+                  1000 --threads 1)
+  magi_cli_expect(mpi_one_rank_fails ${MPIEXEC_EXECUTABLE} 2
+                  "magiattn: error: rank 1: cannot open mask file" "${cli_once}" ${cli_mpi_flags}
+                  ${MPIEXEC_NUMPROC_FLAG} 2 ${CMAKE_CURRENT_LIST_DIR}/one_rank_fails.sh
+                  $<TARGET_FILE:magiattn> ${missing_json})
+  magi_cli_expect(mpi_uneven ${MPIEXEC_EXECUTABLE} 0 "ranks +3 \\(MPI.*result +PASS" ""
+                  ${cli_mpi_flags} ${MPIEXEC_NUMPROC_FLAG} 3 $<TARGET_FILE:magiattn> run --seqlen
+                  1000 --uneven --threads 1 --check-rows 16)
+  set_tests_properties(cli.mpi_bad_flag_once cli.mpi_setup_error_once cli.mpi_indivisible_once
+                       cli.mpi_one_rank_fails cli.mpi_uneven PROPERTIES TIMEOUT 60 PROCESSORS 2
+                       ENVIRONMENT "OMPI_MCA_rmaps_base_oversubscribe=1")
 endif()

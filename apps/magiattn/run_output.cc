@@ -1,0 +1,107 @@
+// `magiattn run`'s table and JSON line (see run_command.h).
+#include <cstdio>
+#include <iostream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "checks.h"
+#include "run_command.h"
+
+namespace magi::cli {
+
+std::string fmt(const char* format, double x) {
+  char s[64];
+  std::snprintf(s, sizeof s, format, x);
+  return s;
+}
+
+int num_threads(const RunFlags& f) {
+  return f.threads > 0 ? f.threads : int(std::thread::hardware_concurrency());
+}
+
+void print_table(const RunFlags& f, const NamedMask& m, const Result& r) {
+  print_mask_summary(std::cout, m);
+  std::cout << "problem     Hq " << f.heads_q << ", Hkv " << f.heads_kv << ", D " << f.head_dim
+            << ", " << f.dtype << ", cpu, " << num_threads(f) << " threads"
+            << (f.softcap > 0 ? ", softcap " + fmt("%g", f.softcap) : "")
+            << (f.sink > 0 ? ", sink " + std::to_string(f.sink) : "") << "\n"
+            << "forward     " << fmt("%.3f s", r.fwd_s)
+            << fmt("  %8.2f GFLOP/s", r.fwd_flops / r.fwd_s / 1e9) << "\n"
+            << "backward    " << fmt("%.3f s", r.bwd_s)
+            << fmt("  %8.2f GFLOP/s", 2.5 * r.fwd_flops / r.bwd_s / 1e9) << "\n"
+            << "checked     " << r.num_q_checked << " q rows, " << r.num_k_checked
+            << " k rows against the fp64 oracle, bar " << fmt("%.0e", r.bar) << "\n";
+  for (const auto& [name, e] : r.errors) {
+    std::cout << "error " << name << std::string(6 - name.size(), ' ')
+              << (e ? fmt("%.2e", *e) : "not checked (no row within the oracle's budget)") << "\n";
+  }
+  if (f.sink > 0) std::cout << "            (dsink is not checked: the sampled oracle has none)\n";
+  if (!r.ranks.empty()) {
+    std::cout << "ranks       " << r.ranks.size()
+              << " (MPI; bytes: K/V rows the plan's forward casts move, in the input dtype; "
+                 "backward returns as many dK/dV rows)\n"
+              << "            (wait: time blocked on communication; comm: the same communication "
+                 "alone, no compute; hidden = 1 - wait/comm)\n"
+              << "rank    tokens          area   forward  backward     bytes in    bytes out"
+                 "  fwd wait/comm  hidden  bwd wait/comm  hidden\n";
+    std::size_t slowest = 0;
+    for (std::size_t i = 0; i < r.ranks.size(); ++i) {
+      const auto& l = r.ranks[i];
+      if (l.fwd_s + l.bwd_s > r.ranks[slowest].fwd_s + r.ranks[slowest].bwd_s) slowest = i;
+      char line[256];
+      std::snprintf(line, sizeof line,
+                    "%-4zu %9lld %13lld %8.3f s %8.3f s %12s %12s  %6.3f/%6.3f  %5.1f%%  "
+                    "%6.3f/%6.3f  %5.1f%%\n",
+                    i, static_cast<long long>(l.tokens), static_cast<long long>(l.area), l.fwd_s,
+                    l.bwd_s, readable_bytes(l.bytes_in).c_str(),
+                    readable_bytes(l.bytes_out).c_str(), l.fwd_wait_s, l.fwd_comm_s,
+                    100 * l.fwd_hidden(), l.bwd_wait_s, l.bwd_comm_s, 100 * l.bwd_hidden());
+      std::cout << line;
+    }
+    std::cout << "slowest     rank " << slowest << ", "
+              << fmt("%.3f s", r.ranks[slowest].fwd_s + r.ranks[slowest].bwd_s)
+              << " (forward + backward); slowest forward " << fmt("%.3f s", r.fwd_s)
+              << ", slowest backward " << fmt("%.3f s", r.bwd_s) << "\n";
+  }
+  std::cout << "result      " << (r.pass ? "PASS" : "FAIL") << "\n";
+}
+
+void print_json(const RunFlags& f, const NamedMask& m, const Result& r) {
+  nlohmann::ordered_json j;
+  j["mask"] = m.name;
+  j["tokens_q"] = m.mask.total_seqlen_q();
+  j["tokens_k"] = m.mask.total_seqlen_k();
+  j["slices"] = m.mask.size();
+  j["area"] = m.mask.area();
+  j["sparsity"] = m.mask.sparsity();
+  j["heads_q"] = f.heads_q;
+  j["heads_kv"] = f.heads_kv;
+  j["head_dim"] = f.head_dim;
+  j["dtype"] = f.dtype;
+  j["threads"] = num_threads(f);
+  j["softcap"] = f.softcap;
+  j["sink"] = f.sink;
+  j["fwd_s"] = r.fwd_s;
+  j["fwd_gflops"] = r.fwd_flops / r.fwd_s / 1e9;
+  j["bwd_s"] = r.bwd_s;
+  j["bwd_gflops"] = 2.5 * r.fwd_flops / r.bwd_s / 1e9;
+  for (const auto& [name, e] : r.errors) j["rel_error"][name] = e ? nlohmann::json(*e) : nullptr;
+  j["bar"] = r.bar;
+  j["checked_q_rows"] = r.num_q_checked;
+  j["checked_k_rows"] = r.num_k_checked;
+  if (!r.ranks.empty()) {
+    j["ranks"] = r.ranks.size();
+    for (const auto& l : r.ranks)
+      j["per_rank"].push_back({{"tokens", l.tokens}, {"area", l.area}, {"fwd_s", l.fwd_s},
+                               {"bwd_s", l.bwd_s}, {"bytes_in", l.bytes_in},
+                               {"bytes_out", l.bytes_out}, {"fwd_wait_s", l.fwd_wait_s},
+                               {"fwd_comm_s", l.fwd_comm_s}, {"fwd_hidden", l.fwd_hidden()},
+                               {"bwd_wait_s", l.bwd_wait_s}, {"bwd_comm_s", l.bwd_comm_s},
+                               {"bwd_hidden", l.bwd_hidden()}});
+  }
+  j["pass"] = r.pass;
+  std::cout << j.dump() << "\n";
+}
+
+}  // namespace magi::cli
