@@ -45,6 +45,11 @@ CLI::Validator in_range(double lo, double hi) {
                [lo, hi](double x) { return !(x >= lo && x <= hi); });
 }
 
+CLI::Validator in_range_above(double lo, double hi) {
+  return bound("in (" + number(lo) + ", " + number(hi) + "]",
+               [lo, hi](double x) { return !(x > lo && x <= hi); });
+}
+
 CLI::Validator multiple_of(std::int64_t m) {
   return bound("a multiple of " + std::to_string(m),
                [m](double x) { return std::fmod(x, double(m)) != 0; });
@@ -53,7 +58,9 @@ CLI::Validator multiple_of(std::int64_t m) {
 void require_divisible(const std::string& tokens_label, std::int64_t tokens,
                        const std::string& cp_label, std::int64_t cp, std::int64_t chunk_size,
                        bool uneven) {
-  if (uneven || cp <= 0) return;
+  MAGI_CHECK(tokens >= cp, tokens_label, ": fewer tokens than ", cp_label,
+             " (every rank needs a chunk of at least one token)");
+  if (uneven) return;
   if (chunk_size > 0) {
     MAGI_CHECK(tokens % (cp * chunk_size) == 0, tokens_label, ": not divisible by ", cp_label,
                " x --chunk-size ", chunk_size, " (pass --uneven to allow a short last chunk)");

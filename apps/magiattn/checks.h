@@ -15,13 +15,15 @@ namespace magi::cli {
 // "--seqlen: must be >= 1 (got 0)". Strings that are not numbers pass, so that CLI11's own
 // conversion names them ("--seqlen: Value abc could not be converted").
 CLI::Validator at_least(double lo);
-CLI::Validator in_range(double lo, double hi);
-CLI::Validator above(double lo);  // strictly: --comm-timeout, --density's lower end
+CLI::Validator in_range(double lo, double hi);        // [lo, hi]
+CLI::Validator in_range_above(double lo, double hi);  // (lo, hi]: --density
+CLI::Validator above(double lo);                      // > lo: --comm-timeout
 CLI::Validator multiple_of(std::int64_t m);
 
 // dispatch's rule (src/plan/dispatch.cc) restated with this command's flags, so that its hint
-// names a flag that exists: without --uneven, `tokens` split into cp equal shares (of whole
-// chunks when chunk_size > 0). "--seqlen 1,000: not divisible by --cp 3 (pass --uneven ...)".
+// names a flag that exists: at least one token per rank and, without --uneven, `tokens` split
+// into cp equal shares (of whole chunks when chunk_size > 0).
+// "--seqlen 1,000: not divisible by --cp 3 (pass --uneven to allow uneven shards)".
 void require_divisible(const std::string& tokens_label, std::int64_t tokens,
                        const std::string& cp_label, std::int64_t cp, std::int64_t chunk_size,
                        bool uneven);

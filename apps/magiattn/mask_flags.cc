@@ -38,7 +38,9 @@ double expected_docs(const FamilySpec& s, const DocLengthHistogram& hist, double
 double family_bytes(const FamilySpec& s, const DocLengthHistogram& hist) {
   const double n = double(s.seqlen);
   const auto block = [&](double fallback) { return s.block > 0 ? double(s.block) : fallback; };
-  const auto docs = [&](double tokens) { return expected_docs(s, hist, tokens) * (16 + 3 * kSliceBytes); };
+  const auto docs = [&](double tokens) {
+    return expected_docs(s, hist, tokens) * (16 + 3 * kSliceBytes);
+  };
   const std::string& f = s.family;
   if (f == "block-causal") return (n / block(2048) + 2) * 2 * kSliceBytes;
   if (f == "varlen-block-causal") return docs(n) + (n / block(2048) + 2) * kSliceBytes;
@@ -80,15 +82,15 @@ void add_mask_flags(CLI::App& cmd, MaskFlags& flags) {
   auto* density =
       cmd.add_option("--density", s.density, "block-sparse: fraction of key blocks per query block")
           ->capture_default_str()
-          ->check(above(0))
-          ->check(in_range(0, 1));
+          ->check(in_range_above(0, 1));
   auto* prefix =
       cmd.add_option("--prefix", s.prefix_len, "prefix-lm, shared-question: prefix tokens (0: 1/4)")
           ->capture_default_str()
           ->check(at_least(0));
-  auto* max_doc = cmd.add_option("--max-doc-len", s.max_doc_len, "document length cap (0: seqlen / 4)")
-                      ->capture_default_str()
-                      ->check(at_least(0));
+  auto* max_doc =
+      cmd.add_option("--max-doc-len", s.max_doc_len, "document length cap (0: seqlen / 4)")
+          ->capture_default_str()
+          ->check(at_least(0));
   auto* doc_lengths = cmd.add_option(
       "--doc-lengths", flags.doc_lengths_file,
       "CSV histogram of document lengths (default: the built-in published one)");
@@ -115,10 +117,17 @@ NamedMask make_mask(const MaskFlags& flags) {
     e.add("mask", mask_bytes_estimate(flags));
     require_memory(e, "the mask", "lower --seqlen");
   }
-  if (!flags.mask_file.empty()) return {load_mask(flags.mask_file), "file " + flags.mask_file};
+  if (!flags.mask_file.empty()) {
+    Mask mask = load_mask(flags.mask_file);
+    const double cells = double(mask.total_seqlen_q()) * double(mask.total_seqlen_k());
+    MAGI_CHECK(cells <= double(kMaxSeqlen) * double(kMaxSeqlen), "mask file '", flags.mask_file,
+               "': ", grouped(mask.total_seqlen_q()), " x ", grouped(mask.total_seqlen_k()),
+               " tokens are more cells than a 64-bit area counts");
+    return {std::move(mask), "file " + flags.mask_file};
+  }
   MAGI_CHECK(flags.spec.seqlen <= kMaxSeqlen, "--seqlen ", grouped(flags.spec.seqlen),
-             ": at most ", grouped(kMaxSeqlen), " tokens (the mask's area, up to seqlen^2 "
-             "cells, is a 64-bit count)");
+             ": at most ", grouped(kMaxSeqlen),
+             " tokens (the mask's area, up to seqlen^2 cells, is a 64-bit count)");
   FamilySpec spec = flags.spec;
   if (!flags.doc_lengths_file.empty()) spec.doc_lengths = histogram_of(flags);
   return {build_family(spec), spec.family};

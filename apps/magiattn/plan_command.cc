@@ -77,7 +77,8 @@ void print_ranks(const plan::DistPlan& p, std::int64_t max_ranks) {
   std::vector<std::vector<std::string>> rows{
       {"rank", "tokens", "area", "host area", "K/V in", "K/V out"}};
   if (num_stages > 1) {
-    for (std::size_t t = 0; t < num_stages; ++t) rows[0].push_back("stage " + std::to_string(t) + " in");
+    for (std::size_t t = 0; t < num_stages; ++t)
+      rows[0].push_back("stage " + std::to_string(t) + " in");
   }
   const std::size_t shown = std::min(p.ranks.size(), std::size_t(max_ranks));
   for (std::size_t r = 0; r < shown; ++r) {
@@ -120,8 +121,9 @@ int run_plan(const PlanCommandFlags& flags) {
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const std::size_t num_stages = p.ranks.empty() ? 0 : p.ranks[0].stages.size();
-  std::cout << "plan        cp " << p.dispatch.cp << ", chunks of " << grouped(p.dispatch.chunk_size)
-            << " tokens, " << num_stages << (num_stages == 1 ? " stage" : " stages")
+  std::cout << "plan        cp " << p.dispatch.cp << ", chunks of "
+            << grouped(p.dispatch.chunk_size) << " tokens, " << num_stages
+            << (num_stages == 1 ? " stage" : " stages")
             << ", dispatch " << flags.algorithm << "\n"
             << "imbalance   " << printf_str("%.2f%%", (p.dispatch.imbalance() - 1) * 100)
             << " (max / mean - 1 of the ranks' visible area, which dispatch minimises)\n"
@@ -134,7 +136,8 @@ int run_plan(const PlanCommandFlags& flags) {
             << readable_bytes(t.ring_bytes) << ", all-gather " << readable_bytes(t.all_gather_bytes)
             << ", ours/ring "
             << printf_str("%.3f", t.ring_bytes > 0 ? t.ours_bytes / t.ring_bytes : 0.0) << "\n"
-            << "            (rows of K and V at the cost model's " << grouped(std::int64_t(p.cost.bytes_per_row))
+            << "            (rows of K and V at the cost model's "
+            << grouped(std::int64_t(p.cost.bytes_per_row))
             << " bytes per row;\n             the backward returns as many dK/dV rows)\n";
   if (!flags.json.empty()) {
     std::ofstream out(flags.json);

@@ -139,12 +139,16 @@ void require_run_memory(const RunFlags& f, std::optional<NamedMask>& m, int cp, 
   s.num_q = tokens, s.num_k = tokens_k;
   s.heads_q = double(f.heads_q), s.heads_kv = double(f.heads_kv), s.head_dim = double(f.head_dim);
   s.sink = double(f.sink), s.check_rows = double(f.check_rows), s.cp = cp;
-  s.input_bytes = double(dtype_size(dtype)), s.compute_bytes = double(dtype_size(compute_dtype(dtype)));
+  s.input_bytes = double(dtype_size(dtype));
+  s.compute_bytes = double(dtype_size(compute_dtype(dtype)));
   MemoryEstimate e;
   e.processes = processes;
   add_run_tensors(e, s);
   e.add("mask", mask_bytes_estimate(f.mask));
-  require_memory(e, "run", "lower --seqlen, --heads-q, --heads-kv or --head-dim");
+  require_memory(e, "run",
+                 f.mask.mask_file.empty()
+                     ? "lower --seqlen, --heads-q, --heads-kv or --head-dim"
+                     : "use a smaller mask file or lower --heads-q, --heads-kv or --head-dim");
 }
 
 // Checks that involve two flags; they fail on every rank alike.
@@ -391,7 +395,8 @@ int run_distributed(RunFlags f) {
     plan::PlanOptions po;
     po.dispatch.cp = cp;
     po.dispatch.uneven = f.uneven;
-    timed("plan for " + std::to_string(cp) + " ranks", [&] { dp = plan::make_plan(s->m.mask, po); });
+    timed("plan for " + std::to_string(cp) + " ranks",
+          [&] { dp = plan::make_plan(s->m.mask, po); });
     const std::int64_t nl = dp.dispatch.rank_tokens(rank);
     l = std::make_unique<AttnBuffers>(s->dtype, s->compute, nl, nl, f.heads_q, f.heads_kv,
                                       f.head_dim);  // this rank's rows

@@ -43,8 +43,9 @@ magi_cli_test(bad_flag 2 "magiattn: error: .*--bogus" run --bogus)
 magi_cli_test(no_subcommand 2 "magiattn: error: .*subcommand")
 magi_cli_test(unknown_family 2 "magiattn: error: unknown mask family 'nope' \\(valid: full, causal"
               run --mask nope)
-magi_cli_test(missing_mask_file 2 "magiattn: error: cannot open mask file '.*does-not-exist\\.json'\n"
-              mask --mask-file ${missing_json})
+magi_cli_test(missing_mask_file 2
+              "magiattn: error: cannot open mask file '.*does-not-exist\\.json'\n" mask
+              --mask-file ${missing_json})
 magi_cli_test(bad_dtype 2 "magiattn: error: .*int8" run --dtype int8)
 magi_cli_test(bad_seqlen 2 "magiattn: error: --seqlen: must be >= 1 \\(got -5\\)" run --seqlen -5)
 magi_cli_test(bad_heads 2 "magiattn: error: --heads-q 6 is not a multiple of --heads-kv 4\n" run
@@ -58,27 +59,38 @@ magi_cli_expect(seqlen_zero $<TARGET_FILE:magiattn> 2
                 --seqlen 0)
 magi_cli_expect(plan_cp_zero $<TARGET_FILE:magiattn> 2
                 "magiattn: error: --cp: must be >= 1 \\(got 0\\)" "1797693|0\\.000000" plan --cp 0)
-magi_cli_test(head_dim_not_multiple 2 "magiattn: error: --head-dim: must be a multiple of 8 \\(got 12\\)"
-              run --head-dim 12)
-magi_cli_test(head_dim_too_large 2 "magiattn: error: --head-dim: must be in \\[8, 256\\] \\(got 512\\)"
-              run --head-dim 512)
-magi_cli_test(density_zero 2 "magiattn: error: --density: must be > 0 \\(got 0\\)" mask --mask
-              block-sparse --density 0)
+magi_cli_test(head_dim_not_multiple 2
+              "magiattn: error: --head-dim: must be a multiple of 8 \\(got 12\\)" run --head-dim 12)
+magi_cli_test(head_dim_too_large 2
+              "magiattn: error: --head-dim: must be in \\[8, 256\\] \\(got 512\\)" run --head-dim
+              512)
+magi_cli_test(density_zero 2 "magiattn: error: --density: must be in \\(0, 1\\] \\(got 0\\)"
+              mask --mask block-sparse --density 0)
 magi_cli_test(seqlen_over_area_limit 2
               "magiattn: error: --seqlen 4,000,000,000: at most 3,037,000,499 tokens" mask --mask
               causal --seqlen 4000000000)
 
-# A mask file fixes the mask and its tokens: the family flags conflict with it.
-magi_cli_test(mask_file_and_seqlen 2 "magiattn: error: --(seqlen excludes --mask-file|mask-file excludes --seqlen) \\(give one or the other\\)"
-              run --mask-file ${mask_json} --seqlen 4096)
+set(huge_json ${CMAKE_CURRENT_BINARY_DIR}/cli_huge_mask.json)
+file(WRITE ${huge_json} "{\"total_seqlen_q\": 1000000000000, \"total_seqlen_k\": 1000000000000, "
+                        "\"q_ranges\": [[0, 1000000000000]], \"k_ranges\": [[0, 1000000000000]], "
+                        "\"attn_type_map\": [0]}\n")
+magi_cli_test(mask_file_over_area_limit 2
+              "cli_huge_mask\\.json': 1,000,000,000,000 x 1,000,000,000,000 tokens are more cells"
+              run --mask-file ${huge_json})
+
+# A mask file fixes the mask and its tokens: the family flags conflict with it (at parse time,
+# before the file is read).
+string(CONCAT conflict_re "magiattn: error: --(seqlen excludes --mask-file|mask-file excludes "
+              "--seqlen) \\(give one or the other\\)")
+magi_cli_test(mask_file_and_seqlen 2 "${conflict_re}" run --mask-file ${mask_json} --seqlen 4096)
 magi_cli_test(mask_file_and_window 2 "magiattn: error: .*excludes --(window|mask-file)" mask
               --window 64 --mask-file ${mask_json})
 
 # Memory is estimated before anything is allocated: 10^12 tokens used to fill memory for 54 s
 # and die of std::bad_alloc (exit 3); now a refusal within the second, with the estimate.
-magi_cli_test(run_memory_refused 2
-              "magiattn: error: run needs about [0-9.]+ PiB of memory \\(inputs [0-9.]+ PiB, .*\\) but [0-9.]+ [KMGT]?i?B is available"
-              run --seqlen 1000000000000)
+string(CONCAT memory_re "magiattn: error: run needs about [0-9.]+ PiB of memory "
+              "\\(inputs [0-9.]+ PiB, .*\\) but [0-9.]+ [KMGT]?i?B is available")
+magi_cli_test(run_memory_refused 2 "${memory_re}" run --seqlen 1000000000000)
 magi_cli_test(run_memory_refused_heads 2 "magiattn: error: run needs about [0-9.]+ TiB" run
               --seqlen 1000 --heads-q 100000000 --heads-kv 1)
 magi_cli_test(mask_memory_refused 2 "magiattn: error: the mask needs about [0-9.]+ EiB" mask
@@ -89,35 +101,43 @@ set_tests_properties(cli.run_memory_refused cli.run_memory_refused_heads cli.mas
 # Errors carry the message only; --verbose (before or after the subcommand) adds where the
 # library raised it. A message re-wrapped by the library (path: inner message) is cut too.
 magi_cli_test(broken_mask_file 2
-              "magiattn: error: .*cli_broken_mask\\.json: mask JSON: missing field \"total_seqlen_k\"\n"
-              mask --mask-file ${broken_json})
-magi_cli_expect(verbose_location $<TARGET_FILE:magiattn> 2
-                "cannot open mask file '.*' \\(check `in.good\\(\\)` failed at src/mask/json\\.cc:[0-9]+\\)"
-                "" --verbose mask --mask-file ${missing_json})
-magi_cli_expect(verbose_after_subcommand $<TARGET_FILE:magiattn> 2
-                "cannot open mask file '.*' \\(check `in.good\\(\\)` failed at src/mask/json\\.cc:[0-9]+\\)"
-                "" mask --mask-file ${missing_json} --verbose)
+              "cli_broken_mask\\.json: mask JSON: missing field \"total_seqlen_k\"\n" mask
+              --mask-file ${broken_json})
+set(location_re
+    "cannot open mask file '.*' \\(check `in.good\\(\\)` failed at src/mask/json\\.cc:[0-9]+\\)")
+magi_cli_expect(verbose_location $<TARGET_FILE:magiattn> 2 "${location_re}" "" --verbose mask
+                --mask-file ${missing_json})
+magi_cli_expect(verbose_after_subcommand $<TARGET_FILE:magiattn> 2 "${location_re}" "" mask
+                --mask-file ${missing_json} --verbose)
 
-# `magiattn plan`: a small varlen-causal plan over 8 ranks, saved as JSON; bad input names the
-# flag, and the hint names a flag that exists (the library's own says "set uneven").
+# `magiattn plan`: a small varlen-causal plan over 8 ranks, saved as JSON: binary units in
+# aligned columns, one imbalance figure. Bad input names the flag, and the divisibility hint
+# names a flag that exists (the library's own says "set uneven").
 set(plan_json ${CMAKE_CURRENT_BINARY_DIR}/cli_plan.json)
-magi_cli_test(plan_small 0
-              "plan +cp 8, chunks of [0-9,]+ tokens.*\nimbalance +[0-9]+\\.[0-9][0-9]% \\(max / mean - 1 of the ranks' visible area.*\nrank +tokens +area +host area +K/V in +K/V out\n +0 +1,024 .* [KMG]iB +[0-9.]+ [KMG]iB\n.*K/V bytes +ours [0-9.]+ MiB, ring \\(zigzag\\) [0-9.]+ MiB, all-gather.*saved"
-              plan --seqlen 8192 --cp 8 --json ${plan_json})
-# One imbalance figure, and no raw byte counts (7 digits or more without separators).
+string(CONCAT plan_re "plan +cp 8, chunks of [0-9,]+ tokens.*\n"
+              "imbalance +[0-9]+\\.[0-9][0-9]% \\(max / mean - 1 of the ranks' visible area.*\n"
+              "rank +tokens +area +host area +K/V in +K/V out\n"
+              " +0 +1,024 .* [KMG]iB +[0-9.]+ [KMG]iB\n"
+              ".*K/V bytes +ours [0-9.]+ MiB, ring \\(zigzag\\) [0-9.]+ MiB, all-gather.*saved")
+magi_cli_test(plan_small 0 "${plan_re}" plan --seqlen 8192 --cp 8 --json ${plan_json})
+# No raw byte counts (7 digits or more without separators) and no second imbalance.
 magi_cli_expect(plan_one_imbalance $<TARGET_FILE:magiattn> 0 "imbalance"
-                "imbalance.*imbalance|[0-9][0-9][0-9][0-9][0-9][0-9][0-9]" plan --seqlen 8192 --cp 8)
+                "imbalance.*imbalance|[0-9][0-9][0-9][0-9][0-9][0-9][0-9]" plan --seqlen 8192
+                --cp 8)
 magi_cli_test(plan_stages_columns 0 "stage 0 in +stage 1 in\n +0 .*MiB +[0-9.]+ MiB +[0-9.]+ MiB\n"
               plan --seqlen 8192 --cp 4 --stages 2 --mask causal)
 magi_cli_test(plan_bad_algorithm 2 "magiattn: error: --algorithm 'lpt'" plan --seqlen 1024 --cp 2
               --algorithm lpt)
 magi_cli_test(plan_indivisible 2
-              "magiattn: error: --seqlen 1,000: not divisible by --cp 3 \\(pass --uneven to allow uneven shards\\)"
+              "magiattn: error: --seqlen 1,000: not divisible by --cp 3 \\(pass --uneven to allow"
               plan --seqlen 1000 --cp 3)
 magi_cli_test(plan_indivisible_chunk 2
-              "not divisible by --cp 3 x --chunk-size 128 \\(pass --uneven to allow a short last chunk\\)"
-              plan --seqlen 1024 --cp 3 --chunk-size 128)
+              "by --cp 3 x --chunk-size 128 \\(pass --uneven to allow a short last chunk\\)" plan
+              --seqlen 1024 --cp 3 --chunk-size 128)
 magi_cli_test(plan_uneven 0 "plan +cp 3" plan --seqlen 1000 --cp 3 --uneven)
+magi_cli_test(plan_too_few_tokens 2
+              "magiattn: error: --seqlen 1,000: fewer tokens than --cp 2000 \\(every rank needs"
+              plan --seqlen 1000 --cp 2000 --uneven)
 
 # `mpirun -np N magiattn run`: the distributed run through the runtime, checked on rank 0.
 if(TARGET magi_runtime AND TARGET magi_comm_mpi)
@@ -128,7 +148,8 @@ if(TARGET magi_runtime AND TARGET magi_comm_mpi)
              COMMAND ${MPIEXEC_EXECUTABLE} ${cli_mpi_flags} ${MPIEXEC_NUMPROC_FLAG} ${np}
                      $<TARGET_FILE:magiattn> run --seqlen 2048)
     set_tests_properties(cli.run_mpi_np${np} PROPERTIES TIMEOUT 120 PASS_REGULAR_EXPRESSION
-                         "result +PASS" FAIL_REGULAR_EXPRESSION "result +FAIL;magiattn: (internal )?error"
+                         "result +PASS" FAIL_REGULAR_EXPRESSION
+                         "result +FAIL;magiattn: (internal )?error"
                          ENVIRONMENT "OMPI_MCA_rmaps_base_oversubscribe=1" PROCESSORS 2)
   endforeach()
   # --ranks without mpirun: magiattn starts the ranks itself.
@@ -138,17 +159,18 @@ if(TARGET magi_runtime AND TARGET magi_comm_mpi)
                        "result +FAIL;magiattn: (internal )?error" PROCESSORS 2)
   # --ranks refuses what every rank would refuse before starting any: memory for both ranks
   # of this host, tokens the ranks do not divide (the hint names run's own --uneven).
-  magi_cli_test(ranks_memory_refused 2 "run needs about [0-9.]+ PiB of memory \\(2 ranks on this host x"
-                run --ranks 2 --seqlen 1000000000000)
+  magi_cli_test(ranks_memory_refused 2
+                "run needs about [0-9.]+ PiB of memory \\(2 ranks on this host x" run --ranks 2
+                --seqlen 1000000000000)
   magi_cli_test(ranks_indivisible 2
-                "magiattn: error: --seqlen 1,000: not divisible by --ranks 3 \\(pass --uneven to allow uneven shards\\)"
+                "magiattn: error: --seqlen 1,000: not divisible by --ranks 3 \\(pass --uneven"
                 run --ranks 3 --seqlen 1000)
   # Under mpirun, one error line however many ranks fail: the same flags fail alike (rank 0
   # prints), a setup failure is compared across ranks, a failure of one rank is printed by it.
   set(cli_once "magiattn: (internal )?error.*magiattn: (internal )?error|${cli_no_location}")
-  magi_cli_expect(mpi_bad_flag_once ${MPIEXEC_EXECUTABLE} 2 "magiattn: error: --seqlen: must be >= 1"
-                  "${cli_once}" ${cli_mpi_flags} ${MPIEXEC_NUMPROC_FLAG} 2 $<TARGET_FILE:magiattn>
-                  run --seqlen 0)
+  magi_cli_expect(mpi_bad_flag_once ${MPIEXEC_EXECUTABLE} 2
+                  "magiattn: error: --seqlen: must be >= 1" "${cli_once}" ${cli_mpi_flags}
+                  ${MPIEXEC_NUMPROC_FLAG} 2 $<TARGET_FILE:magiattn> run --seqlen 0)
   magi_cli_expect(mpi_setup_error_once ${MPIEXEC_EXECUTABLE} 2
                   "magiattn: error: cannot open mask file" "${cli_once}|rank 1:" ${cli_mpi_flags}
                   ${MPIEXEC_NUMPROC_FLAG} 2 $<TARGET_FILE:magiattn> run --mask-file ${missing_json})
