@@ -100,3 +100,21 @@ def test_nan_and_inf_follow_the_rule(gpu_built):
     dirty, md = magiattn.flex_flash_attn_func(q2, k2, v2, q_ranges=qr, k_ranges=qr,
                                               attn_type_map=tm)
     assert torch.equal(clean, dirty) and torch.equal(mc.lse, md.lse)
+
+
+def test_sm_margin_leaves_the_result_unchanged(gpu_built):
+    """sm_margin (MagiAttention's keyword) reaches the kernel: fewer SMs, the same bits; a
+    margin above the SM count still runs (one SM is always used); negative is an error."""
+    n, hq, hkv, d = 4096, 8, 2, 128
+    mask = masks.build_family("varlen-causal", n, seed=3)
+    gen = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(n, h, d, generator=gen).to(torch.bfloat16).cuda()
+               for h in (hq, hkv, hkv))
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    ref, ref_meta = _run(q, k, v, mask)
+    for margin in (16, sms - 1, sms + 5):
+        out, meta = _run(q, k, v, mask, sm_margin=margin)
+        assert torch.equal(out, ref), f"sm_margin {margin}"
+        assert torch.equal(meta.lse, ref_meta.lse), f"sm_margin {margin}"
+    with pytest.raises(ValueError, match="sm_margin"):
+        _run(q, k, v, mask, sm_margin=-1)

@@ -1,6 +1,7 @@
 // Host side of the sm90 forward: builds the work list, uploads it with the scheduler's counter
-// in one stream-ordered allocation, fills max_logits, picks the instantiation for (dtype, D)
-// and launches on the caller's stream. Nothing here synchronises with the device.
+// in one stream-ordered allocation (which also holds the NaN/inf row flags of K and V, written
+// by flag_bad_rows), fills max_logits, picks the instantiation for (dtype, D) and launches on
+// the caller's stream. Nothing here synchronises with the device.
 #include <cuda_runtime.h>
 
 #include <cstring>
@@ -24,6 +25,26 @@ namespace {
 __global__ void fill_kernel(float* x, int n, float value) {
   const int i = int(blockIdx.x * blockDim.x + threadIdx.x);
   if (i < n) x[i] = value;
+}
+
+// One warp per (32 key rows, kv head): bit j of the word is set when row 32 * word + j of K or
+// of V holds a NaN or inf (docs/numerics.md). One read of K and V, about 1 % of a 32k causal
+// forward; words past the last row (the padding the kernel's unaligned reads touch) are 0.
+template <bool kBf16>
+__global__ void flag_bad_rows(FwdParams p, int chunks, unsigned* flags, unsigned* any) {
+  const int word = int(blockIdx.x), head = int(blockIdx.y), lane = int(threadIdx.x);
+  unsigned bits = 0;
+  for (int i = lane; i < 32 * chunks; i += 32) {
+    const int r = i / chunks, row = 32 * word + r, c = i % chunks;
+    if (row >= p.num_k) break;
+    const auto* k = static_cast<const std::uint16_t*>(p.k) + row * p.k_row + head * p.k_head;
+    const auto* v = static_cast<const std::uint16_t*>(p.v) + row * p.v_row + head * p.v_head;
+    const uint4 kc = reinterpret_cast<const uint4*>(k)[c], vc = reinterpret_cast<const uint4*>(v)[c];
+    if (detail::non_finite8<kBf16>(kc) || detail::non_finite8<kBf16>(vc)) bits |= 1u << r;
+  }
+  bits = __reduce_or_sync(0xffffffffu, bits);
+  if (lane == 0) flags[std::int64_t(head) * gridDim.x + word] = bits;
+  if (lane == 0 && bits != 0u) atomicOr(&any[head], 1u);
 }
 
 using Launcher = cudaError_t (*)(const FwdParams&, int, std::int64_t, cudaStream_t);
@@ -103,23 +124,42 @@ void forward(const Mask& mask, const FwdArgs& a, const Resolved& r, int sm_margi
 
   const WorkList w = make_work_list(mask, fwd_block_m(int(dm.head_dim)),
                                     fwd_block_n(int(dm.head_dim)));
-  // One allocation: counter, tiles, pieces (each 16-byte aligned).
-  const std::size_t tiles_off = 16, tiles_bytes = w.tiles.size() * sizeof(Tile);
+  // One allocation: counter, per-head any-flag words, tiles, pieces, row flags (each 16-byte
+  // aligned). The row flags are written on the device; the rest is uploaded (zeros included).
+  const std::size_t any_off = 16;
+  const std::size_t tiles_off = (any_off + dm.heads_kv * sizeof(unsigned) + 15) / 16 * 16;
+  const std::size_t tiles_bytes = w.tiles.size() * sizeof(Tile);
   const std::size_t pieces_off = (tiles_off + tiles_bytes + 15) / 16 * 16;
-  const std::size_t bytes = pieces_off + w.pieces.size() * sizeof(Piece);
-  std::vector<unsigned char> host(bytes, 0);
+  const std::size_t flags_off = (pieces_off + w.pieces.size() * sizeof(Piece) + 15) / 16 * 16;
+  const int flag_words = int((dm.num_k + 31) / 32) + detail::kBadWords + 1;
+  const std::size_t upload = flags_off;
+  const std::size_t bytes = flags_off + std::size_t(flag_words) * dm.heads_kv * sizeof(unsigned);
+  std::vector<unsigned char> host(upload, 0);
   std::memcpy(host.data() + tiles_off, w.tiles.data(), tiles_bytes);
   std::memcpy(host.data() + pieces_off, w.pieces.data(), w.pieces.size() * sizeof(Piece));
   void* dev = nullptr;
   MAGI_CUDA_CHECK(cudaMallocAsync(&dev, bytes, stream), "work list allocation");
   auto* base = static_cast<unsigned char*>(dev);
-  const cudaError_t copied = cudaMemcpyAsync(dev, host.data(), bytes, cudaMemcpyHostToDevice, stream);
+  const cudaError_t copied = cudaMemcpyAsync(dev, host.data(), upload, cudaMemcpyHostToDevice, stream);
   if (copied != cudaSuccess) cudaFreeAsync(dev, stream);
   MAGI_CUDA_CHECK(copied, "work list upload");
   p.counter = reinterpret_cast<std::int32_t*>(base);
   p.tiles = reinterpret_cast<const Tile*>(base + tiles_off);
   p.pieces = reinterpret_cast<const Piece*>(base + pieces_off);
   p.num_tiles = std::int32_t(w.tiles.size());
+  auto* flags = reinterpret_cast<unsigned*>(base + flags_off);
+  auto* any = reinterpret_cast<unsigned*>(base + any_off);
+  p.bad_rows = flags, p.bad_any = any, p.bad_words = flag_words;
+  const dim3 flag_grid(unsigned(flag_words), unsigned(dm.heads_kv));
+  const int chunks = int(dm.head_dim / 8);
+  if (a.k.dtype == DType::kBF16)
+    flag_bad_rows<true><<<flag_grid, 32, 0, stream>>>(p, chunks, flags, any);
+  else
+    flag_bad_rows<false><<<flag_grid, 32, 0, stream>>>(p, chunks, flags, any);
+  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) {
+    cudaFreeAsync(dev, stream);
+    MAGI_CUDA_CHECK(e, "row flag launch");
+  }
 
   const std::int64_t items = std::int64_t(w.tiles.size()) * dm.heads_q;
   const int sms = std::max(1, sm_count(a.q.device_idx) - sm_margin);

@@ -140,10 +140,12 @@ struct BlockIter {
 // One key block as the producer hands it to the consumers, in shared memory beside its K
 // stage (written before the stage's K load is posted, read after its k_full wait): the piece
 // (for element masking), the first key and what the consumers need to know about it.
+inline constexpr int kBadWords = 4;  // 32 keys per word: blocks have at most 128 keys
+
 struct BlockInfo {
   enum : int {
     kLast = 1,      // the tile's last block
-    kEdge = 2,      // a block with masked cells: wait for the fixer (v_ready), not v_full
+    kEdge = 2,      // the fixer zeroes V rows of this block: wait for v_ready, not v_full
     kFullRows = 4,  // << warpgroup: the piece covers the block for that warpgroup's 64 rows
   };
   Piece pc;
@@ -151,9 +153,24 @@ struct BlockInfo {
 };
 
 // A V block with rows past its piece's key range: those rows are zeroed before the P V
-// product (kb never starts before the piece's k0). Such a block is never covered (below), so
-// the fixer also scans it for NaN/inf like every other block with masked cells.
+// product (kb never starts before the piece's k0).
 __device__ inline bool v_edge(int kb, const Piece& pc, int block_n) { return kb + block_n > pc.k1; }
+
+// Bits [kb, kb + live) of one head's row flags (live <= 128, the rest 0), read by a whole warp
+// (lane i loads word kb / 32 + i; the flag array has kBadWords + 1 words of padding per head).
+__device__ inline void block_row_flags(const unsigned* head_flags, int kb, int live, int lane,
+                                       unsigned (&out)[kBadWords]) {
+  const int sh = kb & 31;
+  const unsigned mine = lane <= kBadWords ? head_flags[(kb >> 5) + lane] : 0u;
+#pragma unroll
+  for (int w = 0; w < kBadWords; ++w) {
+    const unsigned lo = __shfl_sync(0xffffffffu, mine, w), hi = __shfl_sync(0xffffffffu, mine, w + 1);
+    unsigned x = sh ? (lo >> sh) | (hi << (32 - sh)) : lo;
+    const int n = live - 32 * w;  // keys of this word inside the piece
+    x = n <= 0 ? 0u : n < 32 ? x & ((1u << n) - 1u) : x;
+    out[w] = x;
+  }
+}
 
 // Whether 8 bf16 (kBf16) or fp16 values hold a NaN or inf: all exponent bits set.
 template <bool kBf16>

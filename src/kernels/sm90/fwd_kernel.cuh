@@ -22,12 +22,14 @@
 //
 // Masking: element masks run only on blocks whose corners a piece does not cover; rows
 // outside the piece, keys outside [k0, k1) and cells off the band are -inf (whatever K holds
-// there). A masked cell's P is 0, but 0 * NaN is NaN: for every block with masked cells the
-// producer posts a job, the fixer warp waits for the block's TMA, zeroes the V rows past the
-// piece's k1 and any 16-byte chunk holding a NaN or inf (flagging its key in vbad), and only
-// then releases the block to the consumers (v_ready), so garbage in a V row cannot leak into
-// a row that does not see it, and the producer never waits for it. The consumers set l = NaN
-// for their rows that see a flagged key (docs/numerics.md: the row's out and lse are NaN).
+// there). A masked cell's P is 0, but 0 * NaN is NaN. A pass over K and V before the kernel
+// flags every key row holding a NaN/inf (FwdParams::bad_rows); the producer reads the flags of
+// each block into its BlockInfo. For a V block that runs past its piece's k1, or a block with
+// masked cells and a flagged key, it posts a job: the fixer warp waits for the block's TMA,
+// zeroes the rows past k1 and the flagged rows, and only then releases the block to the
+// consumers (v_ready), so garbage in a V row cannot leak into a row that does not see it, and
+// the producer never waits for it. The consumers set l = NaN for their rows that see a flagged
+// key (docs/numerics.md: the row's out and lse are NaN). Blocks without flags pay one test.
 // Rows past the tensor's end are TMA's zero fill.
 //
 // mbarrier waits go by phase parity: a thread may wait only on a phase right after one it has
@@ -38,7 +40,6 @@
 #include <cuda_runtime.h>
 
 #include <cfloat>
-#include <type_traits>
 
 #include <cute/tensor.hpp>
 #include <cute/atom/copy_traits_sm90_tma.hpp>
@@ -130,9 +131,9 @@ struct FwdConfig {
     // V blocks that straddle a piece's key range: the producer posts a job, the fixer warp
     // zeroes the rows past the range once TMA has landed and arrives on v_ready.
     cute::uint64_t v_ready[kStages], job_full[2], job_empty[2];
-    unsigned vbad[kStages][(kBlockN + 31) / 32];  // keys whose V held a NaN/inf (the fixer's)
     std::int64_t item[2];
-    int job[2][3];  // stage (-1: stop), v_full parity, first row to zero
+    int job[2][5];  // stage (-1: stop), v_full parity, first row to zero (the block's keys
+                    // inside its piece), and for a block with flagged keys its kb and kv head
     detail::BlockInfo info[kStages];  // the block in each K stage (fwd_device.cuh)
   };
   // Slack to align the dynamic shared memory to the 1024-byte swizzle period.
@@ -201,11 +202,10 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
     if (tid >= 64) return;
     if (tid >= 32) {
       // The fixer warp: for each posted job, wait for the V block's TMA, zero its rows past
-      // the piece and the chunks holding a NaN/inf, flagging their keys (generic-proxy stores
-      // over what the async proxy wrote: the mbarrier wait orders them after it, the proxy
-      // fence orders the wgmma reads after them).
+      // the piece and its flagged rows (generic-proxy stores over what the async proxy wrote:
+      // the mbarrier wait orders them after it, the proxy fence orders the wgmma reads after
+      // them).
       Tensor sV = make_tensor(make_smem_ptr(s.v), typename C::LayoutV{});
-      constexpr bool kBf16 = std::is_same_v<T, cutlass::bfloat16_t>;
       for (int j = 0;; ++j) {
         const detail::Ring slot = detail::ring<2>(j);
         Barrier::wait(&s.job_full[slot.stage], slot.phase);
@@ -213,21 +213,20 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
         if (stage < 0) break;
         TxBarrier::wait(&s.v_full[stage], unsigned(s.job[slot.stage][1]));
         constexpr int kChunks = kD / 8;
-        const int first_zero = s.job[slot.stage][2];
-        CUTE_UNROLL
-        for (int w = 0; w < (kBN + 31) / 32; ++w) {  // 32 keys per word of vbad
-          unsigned bad = 0;
-          const int end = (32 * w + 32 < kBN ? 32 * w + 32 : kBN) * kChunks;
-#pragma unroll 2
-          for (int i = 32 * w * kChunks + lane; i < end; i += 32) {
-            const int row = i / kChunks;
-            uint4* chunk = reinterpret_cast<uint4*>(&sV(row, (i % kChunks) * 8, stage));
-            if (row < first_zero && !detail::non_finite8<kBf16>(*chunk)) continue;
-            if (row < first_zero) bad |= 1u << (row % 32);
-            *chunk = uint4{0, 0, 0, 0};
-          }
-          bad = __reduce_or_sync(0xffffffff, bad);
-          if (lane == 0) s.vbad[stage][w] = bad;
+#pragma unroll 1
+        for (int i = s.job[slot.stage][2] * kChunks + lane; i < kBN * kChunks; i += 32)
+          *reinterpret_cast<uint4*>(&sV(i / kChunks, (i % kChunks) * 8, stage)) = uint4{0, 0, 0, 0};
+        if (const int kb = s.job[slot.stage][3]; kb >= 0) {  // flagged rows (rare)
+          unsigned flagged[detail::kBadWords];
+          detail::block_row_flags(p.bad_rows + std::int64_t(s.job[slot.stage][4]) * p.bad_words,
+                                  kb, s.job[slot.stage][2], lane, flagged);
+          CUTE_UNROLL
+          for (int w = 0; w < detail::kBadWords; ++w)
+            for (unsigned bad = flagged[w]; bad != 0u; bad &= bad - 1u) {
+              const int row = 32 * w + __ffs(int(bad)) - 1;
+              for (int c = lane; c < kChunks; c += 32)
+                *reinterpret_cast<uint4*>(&sV(row, c * 8, stage)) = uint4{0, 0, 0, 0};
+            }
         }
         cutlass::arch::fence_view_async_shared();
         __syncwarp();
@@ -237,12 +236,14 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
       return;
     }
     int jobs = 0;  // jobs posted to the fixer
-    auto post_job = [&](int stage, unsigned phase, int first_row) {
+    auto post_job = [&](int stage, unsigned phase, int first_row, int bad_kb, int bad_head) {
       const detail::Ring slot = detail::ring<2>(jobs++);
       Barrier::wait(&s.job_empty[slot.stage], slot.phase ^ 1);
       s.job[slot.stage][0] = stage;
       s.job[slot.stage][1] = int(phase);
       s.job[slot.stage][2] = first_row;
+      s.job[slot.stage][3] = bad_kb;
+      s.job[slot.stage][4] = bad_head;
       Barrier::arrive(&s.job_full[slot.stage]);
     };
     if (lane == 0) {
@@ -284,11 +285,12 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
         Barrier::arrive(&s.item_full[slot.stage]);
       }
       if (item >= num_items) {
-        if (lane == 0) post_job(-1, 0, 0);
+        if (lane == 0) post_job(-1, 0, 0, -1, 0);
         break;
       }
       const Tile tile = p.tiles[item / p.heads_q];
       const int h = int(item % p.heads_q), hk = h / group;
+      const bool head_bad = p.bad_any[hk] != 0u;  // a NaN/inf in this head's K or V (rare)
       if (lane == 0) {
         Barrier::wait(&s.q_empty, (n & 1) ^ 1);
         tma_load(kp.tma_q, mQ, tile.q_start, h, s.q_full, sQ);
@@ -317,9 +319,14 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
         for (int w = 0; w < C::kWarpgroups; ++w)
           if (detail::covers(pc, tile.q_start + 64 * w, 64, info.kb, kBN))
             info.flags |= detail::BlockInfo::kFullRows << w;
-        // Masked cells for some warpgroup (a V edge is one case): the fixer's job.
+        // A head with a flagged key row (rare) has the fixer look at each of its blocks with
+        // masked cells, to zero the flagged V rows there (where every row sees every key,
+        // every row is NaN anyway); the fixer and the consumers read the row flags themselves,
+        // so the producer (40 registers) carries none of it.
+        const int live = pc.k1 - info.kb < kBN ? pc.k1 - info.kb : kBN;
         constexpr int kAllFull = ((1 << C::kWarpgroups) - 1) * detail::BlockInfo::kFullRows;
-        const bool edge = (info.flags & kAllFull) != kAllFull;
+        const bool fix_bad = head_bad && (info.flags & kAllFull) != kAllFull;
+        const bool edge = detail::v_edge(info.kb, pc, kBN) || fix_bad;
         if (edge) info.flags |= detail::BlockInfo::kEdge;
         if (ahead.valid()) {
           if (ahead_new && lane == 0) {
@@ -334,7 +341,7 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
           tma_load(kp.tma_k, mK, info.kb, hk, s.k_full[r.stage], sK(_, _, r.stage));
           Barrier::wait(&s.v_empty[r.stage], r.phase ^ 1);
           tma_load(kp.tma_v, mV, info.kb, hk, s.v_full[r.stage], sV(_, _, r.stage));
-          if (edge) post_job(r.stage, r.phase, pc.k1 - info.kb < kBN ? pc.k1 - info.kb : kBN);
+          if (edge) post_job(r.stage, r.phase, live, fix_bad ? info.kb : -1, hk);
         }
         if (new_piece && it.valid()) warm(it.piece), pc = p.pieces[it.piece];
       }
@@ -391,6 +398,7 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
     const Tile tile = p.tiles[item / p.heads_q];
     const int h = int(item % p.heads_q);
     const int q0 = tile.q_start;
+    const bool head_bad = p.bad_any[h / group] != 0u;  // a NaN/inf in this head's K or V (rare)
 
     float m[kRows], l[kRows], mraw[kRows];
     CUTE_UNROLL
@@ -404,8 +412,11 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
                        float (&corr)[kRows]) CUTLASS_LAMBDA_FUNC_INLINE {
       const Piece& pc = bi.pc;
       const int kb = bi.kb;
-      // A visible logit of -inf or +-inf under softcap (an inf in q or k) would vanish or turn
-      // finite: l = NaN instead (docs/numerics.md), found where each cell is looked at anyway.
+      // A visible logit of -inf (an inf in q), or +-inf under softcap, would vanish or turn
+      // finite: l = NaN instead, found where the softcap looks at each cell anyway or, in a
+      // plain covered block, by a row max of -inf (an inf in q makes every logit of its row
+      // infinite or NaN, so a +inf or NaN poisons the row by itself). Masked blocks add no
+      // per-cell test: docs/numerics.md says what that leaves.
       const bool full = bi.flags & (detail::BlockInfo::kFullRows << wg);
       if (!full) {
         CUTE_UNROLL
@@ -418,7 +429,6 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
             const bool visible = row_in && k >= pc.k0 && k < pc.k1 && k - q >= pc.lo &&
                                  k - q <= pc.hi;
             if (!visible) S(i, jj) = -INFINITY;
-            else if (S(i, jj) == -INFINITY) l[i] = __int_as_float(0x7fffffff);
           }
         }
       }
@@ -446,17 +456,15 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
       CUTE_UNROLL
       for (int i = 0; i < kRows; ++i) {
         float part[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
-        float low = INFINITY;  // -inf in a block without masked cells: an inf input
         CUTE_UNROLL
-        for (int jj = 0; jj < kCols; ++jj) {
-          part[jj % 4] = fmaxf(part[jj % 4], S(i, jj));
-          if constexpr (!rewrite) low = fminf(low, S(i, jj));
-        }
+        for (int jj = 0; jj < kCols; ++jj) part[jj % 4] = fmaxf(part[jj % 4], S(i, jj));
         mx[i] = fmaxf(fmaxf(part[0], part[1]), fmaxf(part[2], part[3]));
-        if (!rewrite && full && low == -INFINITY) l[i] = __int_as_float(0x7fffffff);
       }
       CUTE_UNROLL
-      for (int i = 0; i < kRows; ++i) mx[i] = detail::quad_max(mx[i]);
+      for (int i = 0; i < kRows; ++i) {
+        mx[i] = detail::quad_max(mx[i]);
+        if (!rewrite && full && mx[i] == -INFINITY) l[i] = __int_as_float(0x7fffffff);
+      }
       CUTE_UNROLL
       for (int i = 0; i < kRows; ++i) {
         // The running max moves only when the block's max passes it (corr rescales O and l),
@@ -504,18 +512,28 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
                                   tOrO, false);
     };
 
-    // V of a block is ready when its TMA landed, or, for a block with masked cells, when the
-    // fixer is done (v_ready advances only on those blocks: a bit per stage). That wait comes
-    // before the block's softmax, which needs the fixer's flags: l = NaN for a row that sees
-    // a key whose V held a NaN/inf (its out and lse become NaN in the epilogue).
-    auto wait_fixed_v = [&](const detail::Ring& r, const detail::BlockInfo& bi) {
-      if (!(bi.flags & detail::BlockInfo::kEdge)) return;
-      Barrier::wait(&s.v_ready[r.stage], (ready_phases >> r.stage) & 1u);
-      ready_phases ^= 1u << r.stage;
+    // V of a block is ready when its TMA landed, or, for a block the fixer zeroes rows of,
+    // when the fixer is done (v_ready advances only on those blocks: a bit per stage).
+    auto wait_v = [&](const detail::Ring& r, bool edge) {
+      if (edge) {
+        Barrier::wait(&s.v_ready[r.stage], (ready_phases >> r.stage) & 1u);
+        ready_phases ^= 1u << r.stage;
+      } else {
+        TxBarrier::wait(&s.v_full[r.stage], r.phase);
+      }
+    };
+    // Rows that see a key whose K or V row holds a NaN/inf: l = NaN (docs/numerics.md). The
+    // flags come from global memory, only for a head that has some (rare).
+    auto poison_rows = [&](const detail::BlockInfo& bi) {
+      if (!head_bad) return;
       const Piece& pc = bi.pc;
+      const int live = pc.k1 - bi.kb < kBN ? pc.k1 - bi.kb : kBN;
+      unsigned flagged[detail::kBadWords];
+      detail::block_row_flags(p.bad_rows + std::int64_t(h / group) * p.bad_words, bi.kb, live,
+                              ctid % 32, flagged);
       CUTE_UNROLL
-      for (int w = 0; w < (kBN + 31) / 32; ++w)
-        for (unsigned bad = s.vbad[r.stage][w]; bad != 0u; bad &= bad - 1u) {
+      for (int w = 0; w < detail::kBadWords; ++w)
+        for (unsigned bad = flagged[w]; bad != 0u; bad &= bad - 1u) {
           const int k = bi.kb + 32 * w + __ffs(int(bad)) - 1;
           CUTE_UNROLL
           for (int i = 0; i < kRows; ++i) {
@@ -525,9 +543,6 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
               l[i] = __int_as_float(0x7fffffff);
           }
         }
-    };
-    auto wait_v = [&](const detail::Ring& r, bool edge) {
-      if (!edge) TxBarrier::wait(&s.v_full[r.stage], r.phase);
     };
     // Q is free once the tile's last Q K^T has completed: released there (not after the last
     // P V and the epilogue), so the next item's Q load overlaps them.
@@ -545,9 +560,9 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
       detail::named_arrive(next_bar, kPair);
       warpgroup_wait<0>();
       warpgroup_fence_operand(tSrS);
+      poison_rows(bi);
       Barrier::arrive(&s.k_empty[r.stage]);
       release_q_after_last(bi);
-      wait_fixed_v(r, bi);
       softmax(bi, corr);
       rescale_and_convert(corr);
       detail::Ring prev = r;  // the block whose P V is pending
@@ -563,10 +578,10 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
         detail::named_arrive(next_bar, kPair);
         warpgroup_wait<1>();  // S of this block; P V of the previous one may still run
         warpgroup_fence_operand(tSrS);
+        poison_rows(bi);
         Barrier::arrive(&s.k_empty[r.stage]);
         release_q_after_last(bi);
-        wait_fixed_v(r, bi);
-        softmax(bi, corr);
+          softmax(bi, corr);
         warpgroup_wait<0>();
         warpgroup_fence_operand(tOrO);
         warpgroup_fence_operand(tOrP);
@@ -597,12 +612,6 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
     for (int i = 0; i < kRows; ++i) {
       const int row = q0 + get<0>(cO(i, 0));
       const float l_tot = detail::quad_sum(l[i]);  // NaN: the row read a NaN/inf
-      // A NaN or inf in O (a seen V) makes the whole row NaN too: one test per element here.
-      int o_bad = 0;
-      CUTE_UNROLL
-      for (int jj = 0; jj < size<1>(O); ++jj) o_bad |= !(fabsf(O(i, jj)) <= FLT_MAX);
-      o_bad |= __shfl_xor_sync(0xffffffff, o_bad, 1);
-      o_bad |= __shfl_xor_sync(0xffffffff, o_bad, 2);
       float lse = l_tot == 0.f ? -INFINITY : (m[i] * su + log2f(l_tot)) * kLn2;
       w[i] = l_tot == 0.f ? 0.f : 1.f / l_tot;
       keep[i] = 0.f;
@@ -628,7 +637,7 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
         }
         lse = merged;
       }
-      if (o_bad || lse != lse || lse == INFINITY) {  // docs/numerics.md: out and lse NaN
+      if (lse != lse || lse == INFINITY) {  // docs/numerics.md: out and lse NaN
         lse = w[i] = __int_as_float(0x7fffffff);
         any_nan = true;
       }

@@ -48,6 +48,12 @@ struct FwdParams {
   const Piece* pieces = nullptr;
   std::int32_t num_tiles = 0;
   std::int32_t* counter = nullptr;
+  // Per kv head, one bit per key row: its K or V row holds a NaN/inf (docs/numerics.md),
+  // written by a pass over K and V before the kernel; bad_words words per head (padded), and
+  // bad_any[head] != 0 when any row of the head is flagged (so clean heads skip the bits).
+  const unsigned* bad_rows = nullptr;
+  const unsigned* bad_any = nullptr;
+  std::int32_t bad_words = 0;
 };
 
 }  // namespace magi::kernels::sm90
