@@ -2,7 +2,7 @@
 // same thread count: sgemm at the attention's own shape (M = N = seqlen, K = hdim, what QK^T
 // would cost as one product) and square 4096^3. The shaped sgemm runs interleaved with the
 // attention passes, iteration by iteration, so that a busy shared machine slows both alike;
-// medians of --iters after a warm-up. FLOPs over the visible area (SPEC §4).
+// medians of --iters after a warm-up. FLOPs over the visible area (docs/semantics.md §4).
 #include <cblas.h>
 #include <omp.h>
 

@@ -1,7 +1,7 @@
 """Forward TFLOP/s of magiattn's sm90 kernel against PyTorch SDPA (cuDNN and flash backends)
-and FlexAttention (compiled), on the same inputs in one process (SPEC §4).
+and FlexAttention (compiled), on the same inputs in one process (docs/semantics.md §4).
 
-    python3 bench/gpu_attention_bench.py                 # SPEC §4 masks at 8k..64k
+    python3 bench/gpu_attention_bench.py                 # docs/semantics.md §4 masks at 8k..64k
     python3 bench/gpu_attention_bench.py --seqlens 16384 --masks full causal --head-dim 64
 
 Shapes: batch 1 (packed), bf16, Hq:Hkv = 32:8 by default. FLOPs = 4 * area * Hq * D, area =
@@ -68,8 +68,8 @@ def dense_ok(name: str) -> bool:
 
 
 def row_intervals(mask):
-    """Per query row, the visible key intervals of every slice (SPEC §1 types): int32 arrays
-    lo, hi of shape [n, R], R = the most slices any row is in; unused slots are empty."""
+    """Per query row, the visible key intervals of every slice (docs/semantics.md §1 types):
+    int32 arrays lo, hi of shape [n, R], R = the most slices any row is in; unused slots are empty."""
     qr, kr, types = masks.mask_to_ranges(mask)
     qa = np.asarray(qr.to_naive_ranges(), dtype=np.int64).reshape(-1, 2)
     ka = np.asarray(kr.to_naive_ranges(), dtype=np.int64).reshape(-1, 2)

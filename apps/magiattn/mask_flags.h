@@ -1,5 +1,5 @@
 // Flags that choose a mask, shared by `magiattn run` and `magiattn mask`: a benchmark family
-// (SPEC §4) with its parameters, or a JSON mask file. The defaults are the SPEC's benchmark
+// (docs/semantics.md §4) with its parameters, or a JSON mask file. The defaults are the benchmark
 // settings, so a bare command reproduces the published protocol.
 #pragma once
 

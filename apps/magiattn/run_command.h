@@ -28,7 +28,7 @@ struct RunFlags {
 };
 
 struct Result {
-  double fwd_s = 0, bwd_s = 0, fwd_flops = 0;  // backward FLOPs: 2.5x forward (SPEC §4)
+  double fwd_s = 0, bwd_s = 0, fwd_flops = 0;  // backward FLOPs: 2.5x forward (semantics §4)
   std::vector<std::pair<std::string, std::optional<double>>> errors;  // empty: not checked
   double bar = 0;
   std::size_t num_q_checked = 0, num_k_checked = 0;

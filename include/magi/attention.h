@@ -1,4 +1,4 @@
-// FFA: attention over a slice-list mask (SPEC §2). One entry point per direction; the public
+// FFA: attention over a slice-list mask (docs/semantics.md §2). One entry point per direction; the public
 // functions validate everything once (shapes, dtypes, strides, head dims, sink) and then hand
 // plain views to the backend chosen by the tensors' device.
 //
@@ -61,7 +61,7 @@ void attn_backward(const Mask& mask, const BwdArgs& args, const AttnOptions& opt
 void validate_forward(const Mask& mask, const FwdArgs& args, const AttnOptions& opts = {});
 void validate_backward(const Mask& mask, const BwdArgs& args, const AttnOptions& opts = {});
 
-// FLOP counts of SPEC §4: fwd = 4 * area * Hq * D, bwd = 2.5 * fwd.
+// FLOP counts of docs/semantics.md §4: fwd = 4 * area * Hq * D, bwd = 2.5 * fwd.
 double attn_fwd_flops(std::int64_t area, std::int64_t num_heads_q, std::int64_t head_dim);
 
 }  // namespace magi

@@ -1,5 +1,5 @@
-// Document-length distributions for packed-sequence benchmarks (SPEC §4). The built-in table
-// is the histogram MagiAttention published with its benchmark; users may load their own CSV
+// Document-length distributions for packed-sequence benchmarks (docs/semantics.md §4). The built-in
+// table is the histogram MagiAttention published with its benchmark; users may load their own CSV
 // in the same form ("range,number,percentage(%),cumulative-percentage(%)").
 #pragma once
 
@@ -22,8 +22,8 @@ struct DocLengthHistogram {
   static DocLengthHistogram from_csv(const std::string& path);
 };
 
-// Document lengths summing exactly to total, each in [1, max_len] (the last one is cut to
-// fit); deterministic for a seed. max_len <= 0 means total / 4 (the SPEC's cap).
+// Document lengths summing exactly to total, each in [1, max_len] (the last one is cut to fit);
+// deterministic for a seed. max_len <= 0 means total / 4 (docs/semantics.md §4's cap).
 std::vector<std::int64_t> sample_doc_lengths(const DocLengthHistogram& hist, std::int64_t total,
                                              std::int64_t max_len, std::uint64_t seed);
 std::vector<std::int64_t> cu_seqlens_from_lengths(const std::vector<std::int64_t>& lengths);

@@ -1,6 +1,6 @@
-// Builders for the masks every user expects (SPEC §1). Each returns a validated Mask whose
-// slices never overlap; each is tested cell by cell against its dense definition.
-// cu_seqlens are prefix sums starting at 0 (document i is [cu[i], cu[i+1])).
+// Builders for the masks every user expects (docs/semantics.md §1). Each returns a validated Mask
+// whose slices never overlap; each is tested cell by cell against its dense definition. cu_seqlens
+// are prefix sums starting at 0 (document i is [cu[i], cu[i+1])).
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-// The benchmark mask families of SPEC §4 by name, so that the CLI, the benches and the tests
+// The benchmark mask families of docs/semantics.md §4 by name, so that the CLI, the benches and the tests
 // build the same masks from the same few numbers. Document-packed families draw their
 // lengths from a histogram (the published one by default) with a fixed seed.
 #pragma once
@@ -23,13 +23,13 @@ struct FamilySpec {
   double density = 0.1;         // block-sparse: fraction of key blocks each query block sees
   std::int64_t prefix_len = 0;  // prefix-lm, shared-question: 0 means seqlen / 4
   std::optional<DocLengthHistogram> doc_lengths;  // empty: DocLengthHistogram::builtin()
-  std::int64_t max_doc_len = 0;                   // <= 0: seqlen / 4 (SPEC §4's cap)
+  std::int64_t max_doc_len = 0;                   // <= 0: seqlen / 4 (docs/semantics.md §4's cap)
 };
 
 // Throws magi::Error listing the valid names for an unknown family.
 Mask build_family(const FamilySpec& spec);
 
-// Valid family names, in the order of SPEC §4, for help texts and error messages.
+// Valid family names, in the order of docs/semantics.md §4, for help texts and error messages.
 const std::vector<std::string_view>& family_names();
 
 }  // namespace magi

@@ -1,4 +1,4 @@
-// Distributed planning (SPEC §3), pure host code: dispatch (which rank owns which chunks),
+// Distributed planning (docs/semantics.md §3), pure host code: dispatch (which rank owns which chunks),
 // the static solver (which K/V rows each rank fetches, localized slices per stage, group-
 // collective arguments) and the overlap stage split. Every output is a plain value with ==
 // and JSON; every rank computes the same plan from the same mask with no communication.
@@ -56,7 +56,7 @@ Dispatch dispatch(const Mask& mask, const DispatchOptions& opts);
 
 // ---------------------------------------------------------------- solver
 
-// Group-collective arguments of one rank for one stage (SPEC §3, magi_notes §5.5).
+// Group-collective arguments of one rank for one stage (docs/semantics.md §3, magi_notes §5.5).
 // Cast: the rank's host K buffer is cut into consecutive splits (input_split_sizes, summing
 // to at most its host tokens; rows not sent to anyone are covered by splits with no
 // destination); split i goes to every rank in dst_ranks[i]. The stage's receive buffer is cut

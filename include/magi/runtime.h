@@ -1,8 +1,8 @@
-// The distributed runtime (SPEC §3): executes a DistPlan on one rank. It decides nothing: the
-// plan says which rows a rank holds, what it fetches per stage and which slices it computes;
-// the runtime moves rows with the Communicator and calls attn_forward / attn_backward.
-// Key decision: out/lse/dq/dk/dv are kept in the compute type (fp32/fp64) on every rank, so
-// the per-stage LSE merges and gradient sums round once, as in the single-process kernel.
+// The distributed runtime (docs/semantics.md §3): executes a DistPlan on one rank. It decides
+// nothing: the plan says which rows a rank holds, what it fetches per stage and which slices it
+// computes; the runtime moves rows with the Communicator and calls attn_forward / attn_backward.
+// Key decision: out/lse/dq/dk/dv are kept in the compute type (fp32/fp64) on every rank, so the
+// per-stage LSE merges and gradient sums round once, as in the single-process kernel.
 #pragma once
 
 #include <cstdint>
@@ -23,7 +23,7 @@ void dispatch(const plan::DistPlan& plan, const comm::Communicator& comm, const 
 void undispatch(const plan::DistPlan& plan, comm::Communicator& comm, const TensorView& local,
                 const TensorView& global);
 
-// Where one rank's calc_attn time went (optional output; SPEC §4's "hidden comm").
+// Where one rank's calc_attn time went (optional output; docs/semantics.md §4's "hidden comm").
 struct CalcStats {
   double compute_s = 0;  // inside the attention kernels
   double wait_s = 0;     // blocked in wait(): communication compute did not hide
@@ -49,12 +49,12 @@ void calc_attn_backward(const plan::DistPlan& plan, comm::Communicator& comm,
 double comm_only_seconds(const plan::DistPlan& plan, comm::Communicator& comm, const TensorView& k,
                          const TensorView& v, bool backward);
 
-// torch.roll along the GLOBAL token order on dispatched local rows (SPEC §3: shifted labels
-// for multi-token prediction). fill empty (torch.roll): out[g] = in[(g - shift) mod N], any
-// shift (negative, > N). fill set (a shift without wrap): out[g] = in[g - shift] where
-// 0 <= g - shift < N, else every element of row g is *fill (converted to the dtype). Both
-// views contiguous [rank_tokens(rank), ...], same dtype and trailing shape, not aliased.
-// Rows a rank keeps are copied locally; the rest move in one group_cast. Collective; bit-exact.
+// torch.roll along the GLOBAL token order on dispatched local rows (docs/semantics.md §3: shifted
+// labels for multi-token prediction). fill empty (torch.roll): out[g] = in[(g - shift) mod N], any
+// shift (negative, > N). fill set (a shift without wrap): out[g] = in[g - shift] where 0 <= g -
+// shift < N, else every element of row g is *fill (converted to the dtype). Both views contiguous
+// [rank_tokens(rank), ...], same dtype and trailing shape, not aliased. Rows a rank keeps are
+// copied locally; the rest move in one group_cast. Collective; bit-exact.
 void roll(const plan::DistPlan& plan, comm::Communicator& comm, const TensorView& local_in,
           const TensorView& local_out, std::int64_t shift,
           std::optional<double> fill = std::nullopt);

@@ -1,4 +1,4 @@
-"""Distributed attention over MPI ranks (CPU), with MagiAttention's API (SPEC §3)::
+"""Distributed attention over MPI ranks (CPU), with MagiAttention's API (docs/semantics.md §3)::
 
     key = magi_attn_flex_key(q_ranges, k_ranges, types, n, n, hq, hkv, d)  # once per mask
     q = dispatch(global_q, key)              # this rank's tokens, no communication

@@ -254,7 +254,7 @@ def flex_flash_attn_func(
     return_max_logits: bool = False,
     mask: Optional[Mask] = None,
 ) -> tuple[Any, AttnForwardMeta]:
-    """Attention over a slice-list mask (SPEC §2), MagiAttention 1.1.1's signature.
+    """Attention over a slice-list mask (docs/semantics.md §2), MagiAttention 1.1.1's signature.
 
     q ``[Nq, Hq, D]``, k/v ``[Nk, Hkv, D]`` (``Hq % Hkv == 0``); ``q_ranges``/``k_ranges`` int
     ``[N, 2]`` and ``attn_type_map`` int ``[N]`` (0 full, 1 causal, 2 inv_causal, 3 bi_causal;

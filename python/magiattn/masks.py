@@ -1,8 +1,8 @@
 """Masks: the C++ ``Mask`` and builders, plus MagiAttention-named helpers on top of them.
 
-Every builder lives in C++ (one definition of mask semantics, SPEC §1); this module only
-re-exports them and adds the conversions MagiAttention users expect: ``AttnMaskType``,
-``infer_attn_mask_from_cu_seqlens`` and friends returning ``AttnRanges``.
+Every builder lives in C++ (one definition of mask semantics, docs/semantics.md §1); this
+module only re-exports them and adds the conversions MagiAttention users expect:
+``AttnMaskType``, ``infer_attn_mask_from_cu_seqlens`` and friends returning ``AttnRanges``.
 """
 
 from __future__ import annotations

@@ -55,7 +55,7 @@ void bind_attention(nb::module_& m) {
         "sink_layout"_a = "sh", "accumulate"_a = defaults.accumulate,
         "deterministic"_a = defaults.deterministic, "num_threads"_a = defaults.num_threads,
         "sm_margin"_a = defaults.sm_margin, "cuda_stream"_a = 0,
-        "FFA forward (SPEC §2) into out [Nq, Hq, D] and lse [Nq, Hq]; returns None. CUDA "
+        "FFA forward (docs/semantics.md §2) into out [Nq, Hq, D] and lse [Nq, Hq]; returns None. CUDA "
         "tensors run on cuda_stream (a cudaStream_t as an int; 0: the default stream) and "
         "leave sm_margin SMs free; the CPU ignores sm_margin (it must still be >= 0)");
   m.def("backward", &backward, "dout"_a, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "dq"_a, "dk"_a,
@@ -64,9 +64,9 @@ void bind_attention(nb::module_& m) {
         "softcap"_a = defaults.softcap, "sink_layout"_a = "sh",
         "accumulate"_a = defaults.accumulate, "deterministic"_a = defaults.deterministic,
         "num_threads"_a = defaults.num_threads, "sm_margin"_a = defaults.sm_margin,
-        "FFA backward (SPEC §2) into dq, dk, dv (and dsink); returns None");
+        "FFA backward (docs/semantics.md §2) into dq, dk, dv (and dsink); returns None");
   m.def("fwd_flops", &attn_fwd_flops, "area"_a, "heads_q"_a, "head_dim"_a,
-        "4 * area * heads_q * head_dim (SPEC §4); backward is 2.5x");
+        "4 * area * heads_q * head_dim (docs/semantics.md §4); backward is 2.5x");
 }
 
 }  // namespace magi::py

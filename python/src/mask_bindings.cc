@@ -100,7 +100,7 @@ using SliceTuple = std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int
 }  // namespace
 
 void bind_mask(nb::module_& m) {
-  nb::class_<Mask>(m, "Mask", "A validated list of non-overlapping slices (SPEC §1)")
+  nb::class_<Mask>(m, "Mask", "A validated list of non-overlapping slices (docs/semantics.md §1)")
       .def(
           "__init__",
           [](Mask* self, std::int64_t sq, std::int64_t sk, nb::handle q_ranges, nb::handle k_ranges,

@@ -1,7 +1,7 @@
-// Public entry points of FFA: every check of SPEC §2 happens here, once, so a backend may
-// assume well-formed views (backend.h). Strides are accepted as long as the last dim is
-// unit-stride and outputs cannot alias themselves; anything else is rejected rather than
-// copied, so a caller never pays for a hidden transpose.
+// Public entry points of FFA: every check of docs/semantics.md §2 happens here, once, so a backend
+// may assume well-formed views (backend.h). Strides are accepted as long as the last dim is
+// unit-stride and outputs cannot alias themselves; anything else is rejected rather than copied, so
+// a caller never pays for a hidden transpose.
 #include "magi/attention.h"
 
 #include <omp.h>

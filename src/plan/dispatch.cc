@@ -1,4 +1,4 @@
-// Dispatch (SPEC §3, magi_notes §5.1): cut the sequence into equal chunks and give every rank
+// Dispatch (docs/semantics.md §3, magi_notes §5.1): cut the sequence into equal chunks and give every rank
 // the same number of chunks with nearly the same mask area. The reference's LPT min-heap is
 // the floor; kRefined then swaps chunk pairs between the most-loaded rank and the others,
 // which fixes the reference's own counterexample (areas 8,7,6,5,4,2,2,2 on 2 ranks: 19/17 ->

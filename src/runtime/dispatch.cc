@@ -1,4 +1,4 @@
-// dispatch / undispatch (SPEC §3 flow): global rows <-> a rank's local rows. dispatch is a
+// dispatch / undispatch (docs/semantics.md §3 flow): global rows <-> a rank's local rows. dispatch is a
 // local gather (every rank holds the global input); undispatch is one all_gather_v in the
 // rank-major dispatched order followed by the plan's permutation, so it costs one collective.
 #include <cstring>

@@ -1,4 +1,4 @@
-// Distributed calc_attn (SPEC §3, issue 5): every rank builds the same mask and global inputs
+// Distributed calc_attn (docs/semantics.md §3, issue 5): every rank builds the same mask and global inputs
 // from one seed, plans with cp = world size, dispatches, runs forward and backward through the
 // runtime, undispatches and compares with the single-process CPU kernels on the whole mask
 // (1e-12 relative, fp64) and, on small cases, with the fp64 oracle. Checks use EXPECT only, so
@@ -36,7 +36,7 @@ std::vector<std::int64_t> random_cu(std::mt19937_64& rng, std::int64_t n) {
   return cu;
 }
 
-// Every builder of SPEC §1 by index (kNumKinds - 1: a random mask with overlapping q ranges
+// Every builder of docs/semantics.md §1 by index (kNumKinds - 1: a random mask with overlapping q ranges
 // and all four slice types); every rank draws the same one.
 constexpr int kNumKinds = 15;
 

@@ -1,4 +1,5 @@
-// The Hopper (sm90) forward against the fp64 oracle, by SPEC §5's rule for GPU kernels: the
+// The Hopper (sm90) forward against the fp64 oracle, by docs/semantics.md §5's rule for GPU
+// kernels: the
 // kernel's error may be at most twice that of a naive implementation in the same precision.
 //
 // Every case draws N(0, 1) inputs rounded to bf16/fp16 (testing::random_problem), so the fp64
@@ -7,7 +8,7 @@
 // mask (masks::to_dense): s = scale * q.k in fp32 (softcap applied if set), m = max s,
 // p = exp(s - m) in fp32 and rounded to the 16-bit input dtype before it multiplies V (as the
 // kernel's P operand is), O = sum p v in fp32, l = sum of the unrounded p in fp32,
-// lse = m + log l, out = O / l; a sink is then folded in as SPEC §2 says
+// lse = m + log l, out = O / l; a sink is then folded in as docs/semantics.md §2 says
 // (lse' = logaddexp(lse, logsumexp sink), out' = out * exp(lse - lse')), and out is rounded to
 // the out dtype.
 //
@@ -456,7 +457,7 @@ struct Verdict {
   double out, out_naive, lse, lse_naive, max_logits;
 };
 
-// SPEC §5: gpu vs oracle within twice naive vs oracle; empty rows exactly 0 / -inf.
+// docs/semantics.md §5: gpu vs oracle within twice naive vs oracle; empty rows exactly 0 / -inf.
 Verdict expect_close(const FwdResult& got, const FwdResult& want, const FwdResult& naive,
                      std::int64_t d, bool check_max_logits, const std::string& what) {
   Verdict v{};

@@ -1,9 +1,8 @@
-// Single-call checks of the CPU backend against the fp64 oracle (SPEC §5), shared by the
-// forward, backward and edge-case tests. Inputs are rounded to the tested dtype before the
-// oracle sees them, so what is left is the backend's own arithmetic plus the final store:
-// 1e-12 in fp64, 1e-5 in fp32, and one extra rounding (2^-8 bf16, 2^-11 fp16) for narrow
-// outputs and gradients. The backward is given the oracle's final out/lse, so it is judged on
-// its own.
+// Single-call checks of the CPU backend against the fp64 oracle (docs/semantics.md §5), shared by
+// the forward, backward and edge-case tests. Inputs are rounded to the tested dtype before the
+// oracle sees them, so what is left is the backend's own arithmetic plus the final store: 1e-12 in
+// fp64, 1e-5 in fp32, and one extra rounding (2^-8 bf16, 2^-11 fp16) for narrow outputs and
+// gradients. The backward is given the oracle's final out/lse, so it is judged on its own.
 #pragma once
 
 #include <gtest/gtest.h>

@@ -185,7 +185,7 @@ TEST(MaskBuilders, ArgumentErrors) {
 // ---------------------------------------------------------------- sliding window
 
 TEST(MaskBuilders, WindowSlicesMatchReferenceLayout) {
-  // SPEC's reference layout for window (2, 2) on 8 x 8 and causal window (2, 0).
+  // the reference layout for window (2, 2) on 8 x 8 and causal window (2, 0).
   using T = MaskType;
   const std::vector<Slice> w22 = masks::window_slices({0, 8}, {0, 8}, {2, 2});
   EXPECT_EQ(w22, (std::vector<Slice>{{{0, 2}, {0, 4}, T::kCausal},

@@ -1,5 +1,5 @@
-// Benchmark mask families: every name builds at edge and benchmark sizes with area > 0, the
-// random ones are pinned by their seed, the SPEC §4 parameters show in the built masks, and
+// Benchmark mask families: every name builds at edge and benchmark sizes with area > 0, the random
+// ones are pinned by their seed, the docs/semantics.md §4 parameters show in the built masks, and
 // bad names or parameters are errors that say what is wrong.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -1,4 +1,4 @@
-// Mask semantics against the SPEC §1 table written out cell by cell, then exact areas, tile
+// Mask semantics against the docs/semantics.md §1 table written out cell by cell, then exact areas, tile
 // classes and validation errors. The naive definition below is the test's own; the library's
 // band arithmetic must agree with it everywhere.
 #include "magi/mask.h"
@@ -16,7 +16,7 @@ namespace {
 
 using ::testing::HasSubstr;
 
-// SPEC §1, local coordinates.
+// docs/semantics.md §1, local coordinates.
 bool naive_visible(const Slice& s, std::int64_t q, std::int64_t k) {
   if (!s.q_range.contains(q) || !s.k_range.contains(k)) return false;
   const std::int64_t i = q - s.q_range.start, j = k - s.k_range.start;

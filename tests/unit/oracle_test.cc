@@ -1,5 +1,5 @@
-// The oracle checked against hand-computed answers and against the SPEC §1 visibility table
-// written out again here, then its backward against central differences of its forward: the
+// The oracle checked against hand-computed answers and against the docs/semantics.md §1 visibility
+// table written out again here, then its backward against central differences of its forward: the
 // yardstick itself must be beyond doubt before it judges a backend.
 #include "oracle.h"
 
@@ -138,7 +138,7 @@ TEST(Oracle, GqaQueryHeadsShareTheirKvHead) {
   for (int h = 0; h < 4; ++h) EXPECT_DOUBLE_EQ(r.out[h * 8], h < 2 ? 1.0 : 2.0);
 }
 
-// SPEC §1 table, independent of src/mask: local (i, j) in a sq x sk slice.
+// docs/semantics.md §1 table, independent of src/mask: local (i, j) in a sq x sk slice.
 bool spec_visible(MaskType t, std::int64_t i, std::int64_t j, std::int64_t sq, std::int64_t sk) {
   switch (t) {
     case MaskType::kFull: return true;

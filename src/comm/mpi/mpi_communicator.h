@@ -1,4 +1,4 @@
-// Communicator over MPI for CPU ranks (SPEC §3 "MPI for CPU ranks"). Each collective is one
+// Communicator over MPI for CPU ranks (docs/semantics.md §3 "MPI for CPU ranks"). Each collective is one
 // non-blocking all-to-all-v built from MPI_Isend/MPI_Irecv, one message per peer holding all
 // the splits for that peer packed in split order; self traffic is a local copy:
 //

@@ -1,4 +1,4 @@
-// CPU FFA forward: tiled online softmax (SPEC §2), one task per (256-row query tile, head).
+// CPU FFA forward: tiled online softmax (docs/semantics.md §2), one task per (256-row query tile, head).
 // A task keeps each row's running max m, sum l and unnormalised output O in scratch and
 // folds in every slice touching its rows, 64-key tile by tile, so rows shared by several
 // slices merge without atomics. Only tiles the mask calls partial pay for element masking.

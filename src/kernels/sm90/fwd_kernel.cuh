@@ -470,7 +470,7 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
         // The running max moves only when the block's max passes it (corr rescales O and l),
         // else corr is exactly 1. (Letting the max lag by a slack, as FlashAttention-4 does,
         // makes the largest P inexact in bf16: measured 2.1x the naive error on a peaked
-        // softmax, over SPEC §5's 2x, for 1-4% of speed.)
+        // softmax, over docs/semantics.md §5's 2x, for 1-4% of speed.)
         corr[i] = 1.f;
         if (mx[i] > m[i]) {
           corr[i] = detail::exp2_approx((m[i] - mx[i]) * su);  // 0 when m[i] is -inf

@@ -1,4 +1,4 @@
-// The GPU forward's work, as data (SPEC §2, issue 6): the mask cut into query tiles of
+// The GPU forward's work, as data (docs/semantics.md §2, issue 6): the mask cut into query tiles of
 // block_m rows, each tile carrying the pieces of every slice that its rows see. One CTA owns a
 // (tile, head) pair and runs one online softmax over all of the tile's pieces, so rows shared
 // by several slices (overlapping q ranges) are merged exactly, without atomics or a second
