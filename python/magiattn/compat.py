@@ -3,7 +3,7 @@
 
 Thin by design: each function is a composition of magiattn calls that already exist (keys and
 dispatch in ``dist``), kept apart so that ``dist`` stays about communication. What is not
-provided, and why, is listed in ``docs/compat.md``.
+provided, and why, is listed in the README (MagiAttention compatibility).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ after an import change. Ranges are ``[start, end)`` with ``start <= end``; empty
 legal. Invalid ranges raise ``RangeError``, a ``ValueError`` (MagiAttention's RangeError is a
 plain ``Exception``; ``except RangeError`` works with both). Where MagiAttention asserts
 (``chunk`` of overlapping ranges, ``to_cu_seqlens``) we raise ``RangeError`` naming the culprit.
-Differences from MagiAttention are listed in ``docs/compat.md``.
+Differences from MagiAttention are listed in the README (MagiAttention compatibility).
 """
 
 from __future__ import annotations

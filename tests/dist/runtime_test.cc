@@ -96,6 +96,16 @@ void expect_close(const std::vector<double>& got, const std::vector<double>& wan
       << what << " on rank " << world().rank();
 }
 
+// This rank's rows of a global [n, h, w] array, in the plan's local order (runtime::dispatch).
+std::vector<double> local_rows(const plan::DistPlan& dp, const comm::Communicator& comm,
+                               std::vector<double>& global, std::int64_t n, std::int64_t h,
+                               std::int64_t w) {
+  const std::int64_t nl = dp.dispatch.rank_tokens(comm.rank());
+  std::vector<double> l(std::size_t(nl * h * w));
+  runtime::dispatch(dp, comm, view(global, {n, h, w}), view(l, {nl, h, w}));
+  return l;
+}
+
 bool all_finite(const std::vector<double>& xs) {
   return std::all_of(xs.begin(), xs.end(), [](double x) { return std::isfinite(x); });
 }
@@ -166,10 +176,8 @@ void run_case(int kind, std::mt19937_64& rng, const std::string& where) {
 
   // Distributed: dispatch, forward, backward, undispatch.
   const std::int64_t nl = dp.dispatch.rank_tokens(comm.rank());
-  auto local = [&](std::vector<double>& global, std::int64_t h, std::int64_t w) {
-    std::vector<double> l(std::size_t(nl * h * w));
-    runtime::dispatch(dp, comm, view(global, {n, h, w}), view(l, {nl, h, w}));
-    return l;
+  auto local = [&](std::vector<double>& g, std::int64_t h, std::int64_t w) {
+    return local_rows(dp, comm, g, n, h, w);
   };
   std::vector<double> ql = local(q, hq, d), kl = local(k, hkv, d), vl = local(v, hkv, d),
                       dol = local(dout, hq, d);
@@ -338,9 +346,7 @@ TEST(Runtime, NonFiniteInputsPropagateAcrossRanks) {
     }
     const std::int64_t nl = dp.dispatch.rank_tokens(comm.rank());
     auto local = [&](std::vector<double>& g, std::int64_t h, std::int64_t w) {
-      std::vector<double> l(std::size_t(nl * h * w));
-      runtime::dispatch(dp, comm, view(g, {n, h, w}), view(l, {nl, h, w}));
-      return l;
+      return local_rows(dp, comm, g, n, h, w);
     };
     std::vector<double> ql = local(q, hq, d), kl = local(k, hkv, d), vl = local(v, hkv, d),
                         dol = local(dout, hq, d);

@@ -1,5 +1,6 @@
 """MagiAttention 1.1.1 drop-in: flex_flash_attn_func's keywords (honoured, no-ops with one
-warning, or a clear error), AttnMask, and the magi_attention.api extras (docs/compat.md)."""
+warning, or a clear error), AttnMask, and the magi_attention.api extras (the README's
+compatibility table)."""
 
 import inspect
 import subprocess
