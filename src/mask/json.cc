@@ -120,8 +120,9 @@ Mask load_mask(const std::string& path) {
   buf << in.rdbuf();
   try {
     return mask_from_json(buf.str());
-  } catch (const Error& e) {
-    throw Error(path + ": " + e.what());
+  } catch (const Error& e) {  // the path before the message, the check's location after it
+    const std::string msg = e.message();
+    throw Error(path + ": " + msg, std::string(e.what()).substr(msg.size()));
   }
 }
 

@@ -18,6 +18,7 @@ namespace magi {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using T = MaskType;
 
 void expect_error(const std::string& text, const std::string& needle) {
@@ -170,6 +171,10 @@ TEST(MaskJson, Files) {
     ADD_FAILURE() << "no error for a bad file";
   } catch (const Error& e) {
     EXPECT_THAT(e.what(), HasSubstr(bad + ": q_ranges has 2 entries but k_ranges has 1"));
+    // message() (what the CLI prints) ends where the check's location would begin.
+    EXPECT_THAT(e.message(), HasSubstr(bad + ": q_ranges has 2 entries but k_ranges has 1"));
+    EXPECT_THAT(e.message(), Not(HasSubstr("failed at")));
+    EXPECT_THAT(e.what(), HasSubstr("failed at"));
   }
   std::filesystem::remove(bad);
 }
