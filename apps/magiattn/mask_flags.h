@@ -39,8 +39,8 @@ NamedMask make_mask(const MaskFlags& flags);
 // How an error names the mask's tokens: "--seqlen 1,000" or "mask file 'x.json' (1,000 tokens)".
 std::string tokens_label(const MaskFlags& flags, std::int64_t tokens);
 
-// Tokens of a family mask at most: its area, up to seqlen^2 cells, is a 64-bit count.
-inline constexpr std::int64_t kMaxSeqlen = 3037000499;  // floor(sqrt(2^63 - 1))
+// Tokens of a family mask at most: seqlen^2 cells within the library's kMaxMaskCells (2^62).
+inline constexpr std::int64_t kMaxSeqlen = std::int64_t(1) << 31;
 
 // Family, tokens, slices, area and sparsity as "key  value" lines.
 void print_mask_summary(std::ostream& os, const NamedMask& m);

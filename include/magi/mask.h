@@ -89,12 +89,16 @@ struct TileGrid {
   TileClass at(std::int64_t qi, std::int64_t ki) const { return tiles[qi * num_k_tiles + ki]; }
 };
 
+// The most cells a mask may have: areas are exact int64 counts, and their closed forms take
+// products up to twice the area (2^62 cells: 2^31 tokens each way).
+inline constexpr std::int64_t kMaxMaskCells = std::int64_t(1) << 62;
+
 // A validated list of non-overlapping slices over a (total_seqlen_q x total_seqlen_k) matrix.
 class Mask {
  public:
   Mask() = default;
   // Validates (throws magi::Error naming the culprit): reversed ranges, ranges beyond the
-  // sequence, a cell covered by two slices.
+  // sequence, more than kMaxMaskCells cells, a cell covered by two slices.
   Mask(std::int64_t total_seqlen_q, std::int64_t total_seqlen_k, std::vector<Slice> slices);
 
   std::int64_t total_seqlen_q() const { return total_q_; }

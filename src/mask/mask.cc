@@ -188,6 +188,9 @@ void validate_slices(std::int64_t total_q, std::int64_t total_k,
                      const std::vector<Slice>& slices) {
   MAGI_CHECK(total_q >= 0, "total_seqlen_q ", total_q, " is negative");
   MAGI_CHECK(total_k >= 0, "total_seqlen_k ", total_k, " is negative");
+  MAGI_CHECK(total_k == 0 || total_q <= kMaxMaskCells / total_k,
+             "total_seqlen_q x total_seqlen_k = ", total_q, " x ", total_k,
+             " cells: more than the 2^62 an exact area can count");
   for (std::size_t i = 0; i < slices.size(); ++i) {
     const Slice& s = slices[i];
     MAGI_CHECK(static_cast<unsigned>(s.type) <= 3u, slice_name(i), ": unknown mask type ",

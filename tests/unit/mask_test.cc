@@ -68,6 +68,24 @@ TEST(Mask, TypeTableOnSquareAndRectangles) {
       check_slice_everywhere(Slice{{2, 2 + sq}, {1, 1 + sk}, MaskType(t)}, 12, 12, "");
 }
 
+// Areas are exact int64 counts: a mask with more than 2^62 cells is refused before any area
+// is computed (a 10^12-token file overflowed inside the overlap check: UBSan), 2^31 square is
+// the largest accepted.
+TEST(Mask, RefusesMoreCellsThanAnAreaCounts) {
+  const std::int64_t big = std::int64_t(1) << 31;
+  const Mask ok(big, big, {Slice{{0, big}, {0, big}, MaskType::kCausal}});
+  EXPECT_EQ(ok.area(), big * (big + 1) / 2);
+  try {
+    Mask(big + 1, big, {Slice{{0, big + 1}, {0, big}, MaskType::kFull}});
+    ADD_FAILURE() << "no error for 2^62 + 2^31 cells";
+  } catch (const Error& e) {
+    EXPECT_THAT(e.what(), HasSubstr("total_seqlen_q x total_seqlen_k = 2147483649 x 2147483648 "
+                                    "cells: more than the 2^62"));
+  }
+  EXPECT_THROW(Mask(1000000000000, 1000000000000, {}), Error);
+  EXPECT_NO_THROW(Mask(std::int64_t(1) << 62, 0, {}));
+}
+
 TEST(Mask, DocumentedConsequences) {
   // sq == sk: BI_CAUSAL is the diagonal; sq > sk: BI_CAUSAL is empty and CAUSAL hides rows.
   EXPECT_EQ(area(Slice{{0, 6}, {0, 6}, MaskType::kBiCausal}), 6);
