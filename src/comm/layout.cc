@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "magi/error.h"
+#include "magi/numeric.h"
 
 namespace magi::comm {
 namespace {
@@ -191,8 +192,8 @@ void combine_typed(std::span<const Rows> columns, const std::byte* src,
         const T* in = reinterpret_cast<const T*>(src);
         const T scale = T(r.scale);
         for (std::int64_t e = 0; e < c.row_elems; ++e) {
-          if (how == Combine::kMax)  // a NaN from any rank stays NaN (std::max would drop it)
-            dst[e] = std::isnan(in[e]) ? in[e] : std::max(dst[e], in[e]);
+          if (how == Combine::kMax)  // a NaN from any rank stays NaN
+            dst[e] = nan_max(dst[e], in[e]);
           else
             dst[e] += scale == T(1) ? in[e] : in[e] * scale;
         }

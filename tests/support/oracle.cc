@@ -11,6 +11,8 @@
 #include <cmath>
 #include <limits>
 
+#include "magi/numeric.h"
+
 namespace magi::oracle {
 namespace {
 
@@ -32,8 +34,6 @@ bool all_finite(const double* a, std::int64_t n) {
     if (!std::isfinite(a[i])) return false;
   return true;
 }
-
-double nan_max(double a, double b) { return std::isnan(a) || std::isnan(b) ? a + b : std::max(a, b); }
 
 double dot(const double* a, const double* b, std::int64_t n) {
   double acc = 0;

@@ -1,10 +1,10 @@
-// CPU FFA forward: tiled online softmax (docs/semantics.md §2), one task per (256-row query tile, head).
-// A task keeps each row's running max m, sum l and unnormalised output O in scratch and
-// folds in every slice touching its rows, 64-key tile by tile, so rows shared by several
-// slices merge without atomics. Only tiles the mask calls partial pay for element masking.
-// Non-finite inputs (docs/numerics.md) never enter the tile loops: the packs store such rows
-// as zeros and flag them, and a row that sees a flagged key or holds a flagged q gets NaN
-// out and lse at the end (one flag test per key tile; the key loop runs only on flagged tiles).
+// CPU FFA forward: tiled online softmax (docs/semantics.md §2), one task per (256-row query tile,
+// head). A task keeps each row's running max m, sum l and unnormalised output O in scratch and
+// folds in every slice touching its rows, 64-key tile by tile, so rows shared by several slices
+// merge without atomics. Only tiles the mask calls partial pay for element masking. Non-finite
+// inputs (docs/numerics.md) never enter the tile loops: the packs store such rows as zeros and flag
+// them, and a row that sees a flagged key or holds a flagged q gets NaN out and lse at the end (one
+// flag test per key tile; the key loop runs only on flagged tiles).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "../backend.h"
+#include "magi/numeric.h"
 #include "gemm.h"
 #include "io.h"
 #include "pack.h"
@@ -260,9 +261,6 @@ class Forward {
   const Mask& mask_;
   const FwdArgs& a_;
   const Resolved& r_;
-  // max that keeps a NaN from either side (std::max keeps its first argument).
-  static T nan_max(T a, T b) { return std::isnan(a) || std::isnan(b) ? a + b : std::max(a, b); }
-
   const std::int64_t d_, group_;
   NonFinite kv_bad_;      // K (kPoisonQK) and V (kPoisonV) rows held NaN/inf, per kv head
   const TilePack<T> kt_;  // K^T per key tile
