@@ -69,7 +69,8 @@ def dense_ok(name: str) -> bool:
 
 def row_intervals(mask):
     """Per query row, the visible key intervals of every slice (docs/semantics.md §1 types):
-    int32 arrays lo, hi of shape [n, R], R = the most slices any row is in; unused slots are empty."""
+    int32 arrays lo, hi of shape [n, R], R = the most slices any row is in; unused slots are
+    empty."""
     qr, kr, types = masks.mask_to_ranges(mask)
     qa = np.asarray(qr.to_naive_ranges(), dtype=np.int64).reshape(-1, 2)
     ka = np.asarray(kr.to_naive_ranges(), dtype=np.int64).reshape(-1, 2)

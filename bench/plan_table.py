@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Planning table of docs/benchmarks.md: runs `magiattn plan` for every docs/semantics.md §4 mask family at
-the given cp values (8k tokens per rank) with both dispatch algorithms and prints markdown rows.
+"""Planning table of docs/benchmarks.md: runs `magiattn plan` for every docs/semantics.md §4 mask
+family at the given cp values (8k tokens per rank) with both dispatch algorithms and prints
+markdown rows.
 Usage: bench/plan_table.py [path/to/magiattn] [cp ...]"""
 
 import re

@@ -37,8 +37,8 @@ namespace {
 
 bool g_quiet = false;  // ranks other than 0 print no progress
 
-// fp64: docs/semantics.md §5's bar for the CPU backend. fp32, bf16, fp16: inputs are rounded to their
-// dtype once and the oracle reads the same rounded values, while the CPU backend widens them
+// fp64: docs/semantics.md §5's bar for the CPU backend. fp32, bf16, fp16: inputs are rounded to
+// their dtype once and the oracle reads the same rounded values, while the CPU backend widens them
 // and computes and stores in fp32, so only fp32 arithmetic is left and the fp32 bar applies.
 double error_bar(DType t) { return t == DType::kF64 ? 1e-12 : 1e-5; }
 

@@ -1,6 +1,6 @@
-// FFA: attention over a slice-list mask (docs/semantics.md §2). One entry point per direction; the public
-// functions validate everything once (shapes, dtypes, strides, head dims, sink) and then hand
-// plain views to the backend chosen by the tensors' device.
+// FFA: attention over a slice-list mask (docs/semantics.md §2). One entry point per direction; the
+// public functions validate everything once (shapes, dtypes, strides, head dims, sink) and then
+// hand plain views to the backend chosen by the tensors' device.
 //
 // Layout THD: q [Nq, Hq, D], k and v [Nk, Hkv, D], out [Nq, Hq, D], lse [Nq, Hq].
 // Compute type: fp64 when q is fp64, else fp32 (bf16/fp16 inputs are widened to fp32).

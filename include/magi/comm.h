@@ -1,7 +1,7 @@
-// Communication interface (docs/semantics.md §3, magi_notes §5.5): group_cast / group_reduce and the few
-// dense collectives that dispatch needs, on raw row buffers, non-blocking with a wait handle.
-// Key decision: every wait has a deadline (Communicator::timeout()); an expired or failed wait
-// throws magi::Error naming the peers it was waiting for, and the communicator is then
+// Communication interface (docs/semantics.md §3, magi_notes §5.5): group_cast / group_reduce and
+// the few dense collectives that dispatch needs, on raw row buffers, non-blocking with a wait
+// handle. Key decision: every wait has a deadline (Communicator::timeout()); an expired or failed
+// wait throws magi::Error naming the peers it was waiting for, and the communicator is then
 // "broken" (every later call throws) instead of calling MPI_Abort: the caller decides to exit.
 #pragma once
 

@@ -1,7 +1,7 @@
-// The mask model (docs/semantics.md §1): ranges, slice types, slices and masks. This file is the one
-// definition of "is (q, k) visible": every other module (oracle, CPU backend, planner, GPU
-// tile lists) asks it. A slice is a rectangle cut by a diagonal band k - q in [lo, hi], which
-// makes visible-cell counts over any sub-rectangle O(1) per slice.
+// The mask model (docs/semantics.md §1): ranges, slice types, slices and masks. This file is the
+// one definition of "is (q, k) visible": every other module (oracle, CPU backend, planner, GPU tile
+// lists) asks it. A slice is a rectangle cut by a diagonal band k - q in [lo, hi], which makes
+// visible-cell counts over any sub-rectangle O(1) per slice.
 #pragma once
 
 #include <cstdint>

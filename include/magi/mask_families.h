@@ -1,6 +1,6 @@
-// The benchmark mask families of docs/semantics.md §4 by name, so that the CLI, the benches and the tests
-// build the same masks from the same few numbers. Document-packed families draw their
-// lengths from a histogram (the published one by default) with a fixed seed.
+// The benchmark mask families of docs/semantics.md §4 by name, so that the CLI, the benches and the
+// tests build the same masks from the same few numbers. Document-packed families draw their lengths
+// from a histogram (the published one by default) with a fixed seed.
 #pragma once
 
 #include <cstdint>

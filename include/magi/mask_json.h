@@ -1,5 +1,6 @@
-// JSON mask files (docs/semantics.md §1): {"total_seqlen_q", "total_seqlen_k", "q_ranges", "k_ranges",
-// "attn_type_map"}; types as 0..3 or their names. Errors name the offending field and index.
+// JSON mask files (docs/semantics.md §1): {"total_seqlen_q", "total_seqlen_k", "q_ranges",
+// "k_ranges", "attn_type_map"}; types as 0..3 or their names. Errors name the offending field and
+// index.
 #pragma once
 
 #include <string>

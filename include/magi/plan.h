@@ -1,7 +1,7 @@
-// Distributed planning (docs/semantics.md §3), pure host code: dispatch (which rank owns which chunks),
-// the static solver (which K/V rows each rank fetches, localized slices per stage, group-
-// collective arguments) and the overlap stage split. Every output is a plain value with ==
-// and JSON; every rank computes the same plan from the same mask with no communication.
+// Distributed planning (docs/semantics.md §3), pure host code: dispatch (which rank owns which
+// chunks), the static solver (which K/V rows each rank fetches, localized slices per stage, group-
+// collective arguments) and the overlap stage split. Every output is a plain value with == and
+// JSON; every rank computes the same plan from the same mask with no communication.
 //
 // Self-attention layout: Q and K share one token partition (total_seqlen_q == total_seqlen_k).
 // A rank's local buffer is the concatenation of its chunks in ascending chunk order.

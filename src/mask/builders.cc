@@ -1,7 +1,7 @@
-// Mask builders (docs/semantics.md §1). Every builder emits few, non-overlapping slices computed in closed
-// form from row-interval edges: a window over one block is at most 3 slices (the left edge is
-// clamped or stepping, the right edge likewise); with global tokens the keys split at G, at
-// most 2 slices over [0, G) and the window over [G, sk), so no two slices' rectangles overlap.
+// Mask builders (docs/semantics.md §1). Every builder emits few, non-overlapping slices computed in
+// closed form from row-interval edges: a window over one block is at most 3 slices (the left edge
+// is clamped or stepping, the right edge likewise); with global tokens the keys split at G, at most
+// 2 slices over [0, G) and the window over [G, sk), so no two slices' rectangles overlap.
 // Single-row slices are FULL and merge with FULL neighbours.
 #include <algorithm>
 #include <string_view>

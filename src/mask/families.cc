@@ -1,7 +1,8 @@
-// Benchmark mask families by name (docs/semantics.md §4): each entry is a few lines over mask_builders.h.
-// The decisions live here: defaults (window 1024, block 2048, 128x128 sparse blocks at 10%),
-// documents drawn from the histogram with the spec's cap, and block-sparse rows that all see
-// the same number of key blocks, as top-k sparse attention does, so no query row is empty.
+// Benchmark mask families by name (docs/semantics.md §4): each entry is a few lines over
+// mask_builders.h. The decisions live here: defaults (window 1024, block 2048, 128x128 sparse
+// blocks at 10%), documents drawn from the histogram with the spec's cap, and block-sparse rows
+// that all see the same number of key blocks, as top-k sparse attention does, so no query row is
+// empty.
 #include "magi/mask_families.h"
 
 #include <algorithm>

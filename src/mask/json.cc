@@ -1,7 +1,7 @@
-// JSON mask files (docs/semantics.md §1). Structure errors are reported here with the field and index
-// (`q_ranges[3]: expected [start, end]`); range bounds and overlaps are left to the Mask
-// constructor, whose "slice i" is entry i of every array. Pretty output keeps one field per
-// line with its array inline, so a file of 10^4 slices stays 5 lines instead of 10^5.
+// JSON mask files (docs/semantics.md §1). Structure errors are reported here with the field and
+// index (`q_ranges[3]: expected [start, end]`); range bounds and overlaps are left to the Mask
+// constructor, whose "slice i" is entry i of every array. Pretty output keeps one field per line
+// with its array inline, so a file of 10^4 slices stays 5 lines instead of 10^5.
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>

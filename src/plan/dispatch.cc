@@ -1,9 +1,9 @@
-// Dispatch (docs/semantics.md §3, magi_notes §5.1): cut the sequence into equal chunks and give every rank
-// the same number of chunks with nearly the same mask area. The reference's LPT min-heap is
-// the floor; kRefined then swaps chunk pairs between the most-loaded rank and the others,
-// which fixes the reference's own counterexample (areas 8,7,6,5,4,2,2,2 on 2 ranks: 19/17 ->
-// 18/18). Chunk areas cost O(slices + chunks touched); 4M tokens of varlen-causal at cp 1024
-// dispatch in ~0.03 s (8192 chunks of 512).
+// Dispatch (docs/semantics.md §3, magi_notes §5.1): cut the sequence into equal chunks and give
+// every rank the same number of chunks with nearly the same mask area. The reference's LPT min-heap
+// is the floor; kRefined then swaps chunk pairs between the most-loaded rank and the others, which
+// fixes the reference's own counterexample (areas 8,7,6,5,4,2,2,2 on 2 ranks: 19/17 -> 18/18).
+// Chunk areas cost O(slices + chunks touched); 4M tokens of varlen-causal at cp 1024 dispatch in
+// ~0.03 s (8192 chunks of 512).
 
 #include <algorithm>
 #include <functional>

@@ -1,6 +1,6 @@
-// Multi-stage overlap (docs/semantics.md §3, magi_notes §5.3): the remote K/V rows of a rank are cut into
-// stages of equal row counts, and the forward time of a candidate split is predicted with the
-// CostModel. Internal to the planner; the solver feeds it per-rank stage costs.
+// Multi-stage overlap (docs/semantics.md §3, magi_notes §5.3): the remote K/V rows of a rank are
+// cut into stages of equal row counts, and the forward time of a candidate split is predicted with
+// the CostModel. Internal to the planner; the solver feeds it per-rank stage costs.
 #pragma once
 
 #include <cstdint>

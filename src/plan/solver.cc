@@ -1,6 +1,6 @@
-// The static solver (docs/semantics.md §3, magi_notes §5.2): only K/V move. A rank's slices are cut by its
-// host rows; the keys those rows see minus its host keys are fetched, so no row arrives twice
-// or unused. Every piece of a slice is one band_to_slices() call, so localising is a shift of
+// The static solver (docs/semantics.md §3, magi_notes §5.2): only K/V move. A rank's slices are cut
+// by its host rows; the keys those rows see minus its host keys are fetched, so no row arrives
+// twice or unused. Every piece of a slice is one band_to_slices() call, so localising is a shift of
 // q and k, and the plan is computed from the mask alone (all ranks derive the same value).
 #include <algorithm>
 #include <cmath>

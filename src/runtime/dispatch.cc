@@ -1,5 +1,5 @@
-// dispatch / undispatch (docs/semantics.md §3 flow): global rows <-> a rank's local rows. dispatch is a
-// local gather (every rank holds the global input); undispatch is one all_gather_v in the
+// dispatch / undispatch (docs/semantics.md §3 flow): global rows <-> a rank's local rows. dispatch
+// is a local gather (every rank holds the global input); undispatch is one all_gather_v in the
 // rank-major dispatched order followed by the plan's permutation, so it costs one collective.
 #include <cstring>
 #include <vector>

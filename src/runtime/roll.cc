@@ -1,8 +1,8 @@
-// roll (docs/semantics.md §3, multi-token-prediction labels): torch.roll along the GLOBAL sequence on
-// dispatched local rows. Every rank derives the same row map from the plan alone: each of a
-// source rank's host ranges, shifted, lands on at most two global intervals (wrap), which are
-// cut by the owners' host ranges. Rows staying on a rank are copied locally; the rest move in
-// one group_cast (each row has exactly one destination). Bit-exact: only bytes are moved.
+// roll (docs/semantics.md §3, multi-token-prediction labels): torch.roll along the GLOBAL sequence
+// on dispatched local rows. Every rank derives the same row map from the plan alone: each of a
+// source rank's host ranges, shifted, lands on at most two global intervals (wrap), which are cut
+// by the owners' host ranges. Rows staying on a rank are copied locally; the rest move in one
+// group_cast (each row has exactly one destination). Bit-exact: only bytes are moved.
 #include <algorithm>
 #include <cstring>
 #include <vector>

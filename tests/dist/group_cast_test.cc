@@ -1,7 +1,7 @@
-// group_cast, bit-exact (docs/semantics.md §5): every element encodes (source rank, source row, column), so
-// a misrouted, reordered or missing row is named in the failure; rows past the last output
-// split must stay untouched. Hand-written cases first, then random irregular splits, then the
-// planner's real arguments (make_plan on random masks with cp = world size).
+// group_cast, bit-exact (docs/semantics.md §5): every element encodes (source rank, source row,
+// column), so a misrouted, reordered or missing row is named in the failure; rows past the last
+// output split must stay untouched. Hand-written cases first, then random irregular splits, then
+// the planner's real arguments (make_plan on random masks with cp = world size).
 #include <gtest/gtest.h>
 
 #include <cstdint>

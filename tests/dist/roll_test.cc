@@ -1,8 +1,8 @@
-// Distributed roll (docs/semantics.md §3, multi-token-prediction labels): every rank builds the same global
-// rows (random bit patterns) and plan from one seed, dispatches, rolls through the runtime and
-// compares bit for bit with torch.roll (or the fill-shift) computed on the global array, both
-// on its local rows and after undispatch. Checks use EXPECT only, so a failing rank still
-// joins every later collective instead of hanging its peers.
+// Distributed roll (docs/semantics.md §3, multi-token-prediction labels): every rank builds the
+// same global rows (random bit patterns) and plan from one seed, dispatches, rolls through the
+// runtime and compares bit for bit with torch.roll (or the fill-shift) computed on the global
+// array, both on its local rows and after undispatch. Checks use EXPECT only, so a failing rank
+// still joins every later collective instead of hanging its peers.
 #include <gtest/gtest.h>
 
 #include <cstdint>

@@ -1,8 +1,8 @@
-// Distributed calc_attn (docs/semantics.md §3, issue 5): every rank builds the same mask and global inputs
-// from one seed, plans with cp = world size, dispatches, runs forward and backward through the
-// runtime, undispatches and compares with the single-process CPU kernels on the whole mask
-// (1e-12 relative, fp64) and, on small cases, with the fp64 oracle. Checks use EXPECT only, so
-// a failing rank still joins every later collective instead of hanging its peers.
+// Distributed calc_attn (docs/semantics.md §3, issue 5): every rank builds the same mask and global
+// inputs from one seed, plans with cp = world size, dispatches, runs forward and backward through
+// the runtime, undispatches and compares with the single-process CPU kernels on the whole mask
+// (1e-12 relative, fp64) and, on small cases, with the fp64 oracle. Checks use EXPECT only, so a
+// failing rank still joins every later collective instead of hanging its peers.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -36,8 +36,8 @@ std::vector<std::int64_t> random_cu(std::mt19937_64& rng, std::int64_t n) {
   return cu;
 }
 
-// Every builder of docs/semantics.md §1 by index (kNumKinds - 1: a random mask with overlapping q ranges
-// and all four slice types); every rank draws the same one.
+// Every builder of docs/semantics.md §1 by index (kNumKinds - 1: a random mask with overlapping q
+// ranges and all four slice types); every rank draws the same one.
 constexpr int kNumKinds = 15;
 
 Mask make_mask(int kind, std::mt19937_64& rng, std::int64_t n, std::int64_t chunk) {
@@ -378,10 +378,11 @@ TEST(Runtime, NonFiniteInputsPropagateAcrossRanks) {
     const char* names[] = {"out", "lse", "max_logits", "dq", "dk", "dv"};
     for (int i = 0; i < 6; ++i) {
       expect_close(*pairs[i].first, *pairs[i].second, what + " " + names[i]);
-      if (bits)
+      if (bits) {
         EXPECT_EQ(std::memcmp(pairs[i].first->data(), pairs[i].second->data(),
                               pairs[i].first->size() * sizeof(double)), 0)
             << what << " " << names[i] << " on rank " << comm.rank();
+      }
     }
   };
 
@@ -399,7 +400,9 @@ TEST(Runtime, NonFiniteInputsPropagateAcrossRanks) {
   for (std::int64_t h = 0; h < hq; ++h) EXPECT_TRUE(std::isnan(dist.ml[std::size_t(h)])) << h;
   double any_remote = remote ? 1 : 0;
   comm.all_reduce(comm::Rows{&any_remote, 1, 1, DType::kF64}, comm::ReduceOp::kSum)->wait();
-  if (cp > 1) EXPECT_GE(any_remote, 1.0) << "no rank saw a NaN from a remote K row";
+  if (cp > 1) {
+    EXPECT_GE(any_remote, 1.0) << "no rank saw a NaN from a remote K row";
+  }
 
   // Garbage in the hole (rows and keys a, a + 1) on top of the clean inputs.
   std::vector<double> qg = p.q, kg = p.k, vg = p.v;

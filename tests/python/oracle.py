@@ -1,6 +1,7 @@
-"""fp64 numpy oracle (docs/semantics.md §5): materialise the mask cell by cell from the slice table of
-docs/semantics.md §1, then dense attention with softcap, sink, GQA and max logits; backward by the chain
-rule written out. Short enough to be obviously right; shared by the test files."""
+"""fp64 numpy oracle (docs/semantics.md §5): materialise the mask cell by cell from the slice
+table of docs/semantics.md §1, then dense attention with softcap, sink, GQA and max logits;
+backward by the chain rule written out. Short enough to be obviously right; shared by the test
+files."""
 
 import numpy as np
 

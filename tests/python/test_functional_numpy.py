@@ -9,7 +9,8 @@ import magiattn
 import oracle
 from conftest import FULL, seed_note
 
-TOL64 = 1e-11  # docs/semantics.md §5 asks 1e-12 for the kernel; the oracle's einsum order costs a little
+# docs/semantics.md §5 asks 1e-12 for the kernel; the oracle's einsum order costs a little.
+TOL64 = 1e-11
 
 
 def make_qkv(rng, sq, sk, hq, hkv, d, dtype=np.float64):

@@ -325,8 +325,8 @@ inline double unit_roundoff(DType t) {
   return 0;
 }
 
-// docs/semantics.md §5: 1e-12 (fp64 compute) or 1e-5 (fp32 compute) relative to the oracle on the same
-// rounded inputs, plus one rounding of the stored result when it is narrower than compute.
+// docs/semantics.md §5: 1e-12 (fp64 compute) or 1e-5 (fp32 compute) relative to the oracle on the
+// same rounded inputs, plus one rounding of the stored result when it is narrower than compute.
 inline double tolerance(DType compute, DType stored) {
   const double base = compute == DType::kF64 ? 1e-12 : 1e-5;
   return base + (dtype_size(stored) < dtype_size(compute) ? unit_roundoff(stored) : 0.0);

@@ -1,5 +1,5 @@
-// The fp64 dense oracle (docs/semantics.md §5): materialise visible(q, k) from the mask cell by cell and
-// compute attention in double, row by row. Short enough to be obviously right; it is the
+// The fp64 dense oracle (docs/semantics.md §5): materialise visible(q, k) from the mask cell by
+// cell and compute attention in double, row by row. Short enough to be obviously right; it is the
 // yardstick for the CPU backend, the GPU kernels and the distributed runtime.
 #pragma once
 

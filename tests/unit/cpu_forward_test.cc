@@ -1,6 +1,7 @@
-// CPU forward vs the fp64 oracle (docs/semantics.md §5): forward-only cases (softcap, sinks, views, narrow
-// outputs, accumulate, determinism) and a seeded random sweep; the edge cases both directions
-// share are in cpu_edge_cases_test.cc, the checks and tolerances in tests/support/cpu_checks.h.
+// CPU forward vs the fp64 oracle (docs/semantics.md §5): forward-only cases (softcap, sinks, views,
+// narrow outputs, accumulate, determinism) and a seeded random sweep; the edge cases both
+// directions share are in cpu_edge_cases_test.cc, the checks and tolerances in
+// tests/support/cpu_checks.h.
 #include <gtest/gtest.h>
 
 #include <cmath>

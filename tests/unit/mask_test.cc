@@ -1,5 +1,5 @@
-// Mask semantics against the docs/semantics.md §1 table written out cell by cell, then exact areas, tile
-// classes and validation errors. The naive definition below is the test's own; the library's
+// Mask semantics against the docs/semantics.md §1 table written out cell by cell, then exact areas,
+// tile classes and validation errors. The naive definition below is the test's own; the library's
 // band arithmetic must agree with it everywhere.
 #include "magi/mask.h"
 

@@ -345,8 +345,9 @@ void balance_row(const std::string& name, int cp, std::int64_t per_rank, std::ui
   EXPECT_LE(ar.imbalance(), 1.02) << what;
 }
 
-// Benchmark families (docs/semantics.md §4) at 8k and 16k tokens per rank, cp 8..64. The quick level skips
-// masks above 512k tokens (block-sparse above 256k: millions of slices) and seeds beyond 0.
+// Benchmark families (docs/semantics.md §4) at 8k and 16k tokens per rank, cp 8..64. The quick
+// level skips masks above 512k tokens (block-sparse above 256k: millions of slices) and seeds
+// beyond 0.
 TEST(Dispatch, BalanceTableOnBenchmarkMasks) {
   const bool full = magi::testing::full_level();
   const std::set<std::string> seeded = {"varlen-causal", "varlen-block-causal", "shared-prefix",

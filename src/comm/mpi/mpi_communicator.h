@@ -1,5 +1,5 @@
-// Communicator over MPI for CPU ranks (docs/semantics.md §3 "MPI for CPU ranks"). Each collective is one
-// non-blocking all-to-all-v built from MPI_Isend/MPI_Irecv, one message per peer holding all
+// Communicator over MPI for CPU ranks (docs/semantics.md §3 "MPI for CPU ranks"). Each collective
+// is one non-blocking all-to-all-v built from MPI_Isend/MPI_Irecv, one message per peer holding all
 // the splits for that peer packed in split order; self traffic is a local copy:
 //
 //   rank r input  [ s0 | s1 | s2 ]  s0 -> {1}, s1 -> {1,2}, s2 -> {0}
