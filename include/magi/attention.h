@@ -6,11 +6,13 @@
 // Compute type: fp64 when q is fp64, else fp32 (bf16/fp16 inputs are widened to fp32).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string_view>
 
 #include "magi/mask.h"
+#include "magi/prepared.h"
 #include "magi/tensor.h"
 
 namespace magi {
@@ -38,12 +40,21 @@ struct AttnOptions {
   std::uintptr_t cuda_stream = 0;  // GPU: the cudaStream_t to run on (0: the default stream)
 };
 
+struct Workspace {
+  void* data = nullptr;
+  std::size_t bytes = 0;
+};
+
 struct FwdArgs {
   TensorView q, k, v;
   TensorView out;                // [Nq, Hq, D], any float type (compute type if accumulate)
   TensorView lse;                // [Nq, Hq], compute type
   std::optional<TensorView> sink;        // fp32 or fp64, layout per options.sink_layout
   std::optional<TensorView> max_logits;  // [Hq], compute type: max of scale*q.k (pre-softcap)
+  // GPU: per-call scratch (the scheduler's counter, K/V's NaN/inf row flags) of at least
+  // attn_forward_workspace_bytes(Nk, Hkv) bytes, 16-byte aligned, on q's device, not used by
+  // another call in flight. Absent: allocated on the stream per call (cudaMallocAsync).
+  std::optional<Workspace> workspace = std::nullopt;
 };
 
 struct BwdArgs {
@@ -54,6 +65,12 @@ struct BwdArgs {
 };
 
 void attn_forward(const Mask& mask, const FwdArgs& args, const AttnOptions& opts = {});
+// The same call on a prepared mask: on the GPU, its work list is built and uploaded on the
+// first call per device and head dim, and reused after (prepared.h). Capturable in a CUDA
+// graph once prepared, with a workspace.
+void attn_forward(const PreparedMask& mask, const FwdArgs& args, const AttnOptions& opts = {});
+// Bytes of FwdArgs::workspace for a GPU forward over num_k key tokens and heads_kv kv heads.
+std::size_t attn_forward_workspace_bytes(std::int64_t num_k, std::int64_t heads_kv);
 void attn_backward(const Mask& mask, const BwdArgs& args, const AttnOptions& opts = {});
 
 // Every check of attn_forward / attn_backward, and nothing else: no compute, no write, no

@@ -13,6 +13,7 @@ import atexit
 import sys
 import threading
 import warnings
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -23,7 +24,7 @@ from . import _C
 from .masks import _TYPE_TO_INT, Mask, _ranges_array, _type_int
 
 __all__ = ["AttnForwardMeta", "flex_flash_attn_func", "flex_flash_attn_backward", "get_mask",
-           "clear_mask_cache"]
+           "prepared_mask", "clear_mask_cache"]
 
 
 @dataclass
@@ -36,11 +37,24 @@ class AttnForwardMeta:
 
 
 # ---- mask cache -----------------------------------------------------------------------------
-# 64 distinct masks cover a model that alternates a few masks per layer; building one is
-# O(N log N) in the slices plus the overlap check, which is what repeated calls must not pay.
+# One entry per distinct mask: a PreparedMask (the validated Mask plus its GPU work lists, built
+# on the first GPU call per device and head dim), keyed on the ranges' contents. 64 entries
+# cover a model that alternates a few masks per layer; each holds its slices and, once used on
+# a GPU, its work lists (about 24 bytes per query tile plus 24 per piece). CUDA range tensors
+# are recognised by identity without reading them (the content key is read on first sight of a
+# tensor only): same Python object, alive, with the same torch version counter, so an in-place
+# write through torch (which bumps it) makes the next call read the ranges again. Writes that
+# bypass the version counter (``.data``, DLPack or raw-pointer writers) are not seen: replace
+# the tensor instead. Entries used while a CUDA graph is captured stay alive until
+# ``clear_mask_cache()``, since the graph's kernels read their work lists on every replay.
 _CACHE_SIZE = 64
-_cache: "OrderedDict[tuple, Mask]" = OrderedDict()
-_cache_lock = threading.Lock()
+_BY_TENSOR_SIZE = 256
+_cache: "OrderedDict[tuple, Any]" = OrderedDict()  # content key -> _C.PreparedMask
+_by_tensor: "OrderedDict[tuple, tuple]" = OrderedDict()  # ids -> (weakrefs, versions, key)
+_by_bytes: "OrderedDict[tuple, tuple]" = OrderedDict()  # CPU tensors' raw bytes -> key
+_pinned: dict = {}    # content key -> PreparedMask captured in a CUDA graph
+_deferred: list = []  # evicted during a capture: freed (cudaFree waits) after it
+_cache_lock = threading.RLock()
 
 
 def _type_array(attn_type_map: Any, num_slices: int) -> Optional[np.ndarray]:
@@ -64,32 +78,143 @@ def _type_array(attn_type_map: Any, num_slices: int) -> Optional[np.ndarray]:
     return np.ascontiguousarray(out)
 
 
-def get_mask(total_seqlen_q: int, total_seqlen_k: int, q_ranges: Any, k_ranges: Any,
-             attn_type_map: Any = None) -> Mask:
-    """The validated ``Mask`` of these ranges, built once and then served from a small cache."""
+def _capturing() -> bool:
+    """Whether the current CUDA stream is being captured into a graph (False without CUDA)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.cuda.is_available() and \
+        torch._C._cuda_isCurrentStreamCapturing()
+
+
+def _prepared_by_content(total_seqlen_q: int, total_seqlen_k: int, q_ranges: Any,
+                         k_ranges: Any, attn_type_map: Any) -> tuple[tuple, Any]:
+    """(content key, PreparedMask) of these ranges, read (from any array-like) and looked up."""
     q = np.ascontiguousarray(_ranges_array(q_ranges, "q_ranges"))
     k = np.ascontiguousarray(_ranges_array(k_ranges, "k_ranges"))
     if q.shape[0] != k.shape[0]:
         raise ValueError(f"q_ranges has {q.shape[0]} slices but k_ranges has {k.shape[0]}")
     types = _type_array(attn_type_map, q.shape[0])
-    key = (int(total_seqlen_q), int(total_seqlen_k), q.tobytes(), k.tobytes(),
-           None if types is None else types.tobytes())
+    key = (int(total_seqlen_q), int(total_seqlen_k), q.astype(np.int64, copy=False).tobytes(),
+           k.astype(np.int64, copy=False).tobytes(), None if types is None else types.tobytes())
     with _cache_lock:
-        mask = _cache.get(key)
-        if mask is not None:
+        pm = _cache.get(key)
+        if pm is not None:
             _cache.move_to_end(key)
-            return mask
-    mask = Mask(int(total_seqlen_q), int(total_seqlen_k), q, k, types)
-    _remember(key, mask)
-    return mask
+            return key, pm
+    pm = _C.PreparedMask(Mask(int(total_seqlen_q), int(total_seqlen_k), q, k, types))
+    return key, _remember(key, pm)
 
 
-def _remember(key: tuple, mask: Mask) -> None:
+def _remember(key: tuple, pm: Any) -> Any:
     with _cache_lock:
-        _cache[key] = mask
+        pm = _cache.setdefault(key, pm)  # another thread may have built it meanwhile
         _cache.move_to_end(key)
+        capturing = _capturing()
         while len(_cache) > _CACHE_SIZE:
-            _cache.popitem(last=False)
+            evicted = _cache.popitem(last=False)[1]
+            if capturing:
+                _deferred.append(evicted)
+        if not capturing:
+            _deferred.clear()
+        return pm
+
+
+def _version(t: Any) -> int:
+    """torch's in-place write counter of t (-1 for None); None when torch keeps none (inference
+    tensors), so the tensor cannot be recognised by identity."""
+    if t is None:
+        return -1
+    return None if t.is_inference() else t._version
+
+
+def _raw_key(torch: Any, nq: int, nk: int, q: Any, k: Any, types: Any) -> Optional[tuple]:
+    """For CPU int tensors, their dtypes, shapes and bytes as they are (no conversion): the
+    cheap exact key of a CPU call (the content key needs int64 copies)."""
+    if torch is None or not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor)
+                             and (types is None or isinstance(types, torch.Tensor))):
+        return None
+    parts = [nq, nk]
+    for t in (q, k, types):
+        if t is None:
+            parts.append(None)
+            continue
+        if t.is_cuda or t.is_floating_point() or t.is_complex() or not t.is_contiguous():
+            return None
+        parts += (t.dtype, tuple(t.shape), t.numpy().tobytes())
+    return tuple(parts)
+
+
+def prepared_mask(total_seqlen_q: int, total_seqlen_k: int, q_ranges: Any, k_ranges: Any,
+                  attn_type_map: Any = None) -> Any:
+    """The cached ``_C.PreparedMask`` of these ranges (see the cache notes above): CUDA range
+    tensors seen before are recognised without a device-to-host read."""
+    torch = sys.modules.get("torch")
+    by_identity = (torch is not None and isinstance(q_ranges, torch.Tensor) and q_ranges.is_cuda
+                   and isinstance(k_ranges, torch.Tensor)
+                   and (attn_type_map is None or isinstance(attn_type_map, torch.Tensor)))
+    if not by_identity:
+        raw = _raw_key(torch, total_seqlen_q, total_seqlen_k, q_ranges, k_ranges, attn_type_map)
+        key = _by_bytes.get(raw) if raw is not None else None
+        pm = _cache.get(key) if key is not None else None
+        if pm is None:
+            key, pm = _prepared_by_content(total_seqlen_q, total_seqlen_k, q_ranges, k_ranges,
+                                           attn_type_map)
+            if raw is not None:
+                with _cache_lock:
+                    _by_bytes[raw] = key
+                    while len(_by_bytes) > _BY_TENSOR_SIZE:
+                        _by_bytes.popitem(last=False)
+        return _pin_if_capturing(key, pm)
+    ids = (id(q_ranges), id(k_ranges), id(attn_type_map), total_seqlen_q, total_seqlen_k)
+    record = _by_tensor.get(ids)
+    if record is not None:
+        rq, rk, rt, vq, vk, vt, key = record
+        if (rq() is q_ranges and rk() is k_ranges and q_ranges._version == vq
+                and k_ranges._version == vk
+                and (rt() is attn_type_map and attn_type_map._version == vt if rt is not None
+                     else attn_type_map is None)):
+            pm = _cache.get(key)
+            if pm is not None:
+                try:
+                    _cache.move_to_end(key)
+                except KeyError:  # evicted by another thread meanwhile: still valid here
+                    pass
+            else:
+                pm = _pinned.get(key)
+            if pm is not None:
+                if torch._C._cuda_isCurrentStreamCapturing():
+                    _pin_if_capturing(key, pm)
+                return pm
+    if _capturing():
+        raise RuntimeError(
+            "q_ranges/k_ranges: CUDA range tensors not used (or changed in place) since before "
+            "this CUDA graph capture: reading them would synchronise inside the capture; call "
+            "once before capturing (the warm-up torch.cuda.graph needs anyway) or pass the "
+            "ranges as CPU tensors")
+    key, pm = _prepared_by_content(total_seqlen_q, total_seqlen_k, q_ranges, k_ranges,
+                                   attn_type_map)  # one device-to-host read
+    versions = (_version(q_ranges), _version(k_ranges), _version(attn_type_map))
+    if None not in versions:
+        refs = (weakref.ref(q_ranges), weakref.ref(k_ranges),
+                None if attn_type_map is None else weakref.ref(attn_type_map))
+        with _cache_lock:
+            _by_tensor[ids] = (*refs, *versions, key)
+            while len(_by_tensor) > _BY_TENSOR_SIZE:
+                _by_tensor.popitem(last=False)
+    return pm
+
+
+def _pin_if_capturing(key: tuple, pm: Any) -> Any:
+    """Keep a mask alive for as long as the CUDA graph being captured may replay it."""
+    if _capturing():
+        with _cache_lock:
+            _pinned[key] = pm
+    return pm
+
+
+def get_mask(total_seqlen_q: int, total_seqlen_k: int, q_ranges: Any, k_ranges: Any,
+             attn_type_map: Any = None) -> Mask:
+    """The validated ``Mask`` of these ranges, built once and then served from a small cache."""
+    return prepared_mask(total_seqlen_q, total_seqlen_k, q_ranges, k_ranges, attn_type_map).mask
 
 
 def _remember_mask(mask: Mask) -> None:
@@ -98,12 +223,22 @@ def _remember_mask(mask: Mask) -> None:
            np.ascontiguousarray(mask.q_ranges(), np.int64).tobytes(),
            np.ascontiguousarray(mask.k_ranges(), np.int64).tobytes(),
            np.ascontiguousarray(mask.attn_type_map(), np.int32).tobytes())
-    _remember(key, mask)
+    with _cache_lock:
+        if key in _cache:
+            _cache.move_to_end(key)
+            return
+    _remember(key, _C.PreparedMask(mask))
 
 
 def clear_mask_cache() -> None:
+    """Drop every cached mask and its GPU work lists, also those kept for captured CUDA graphs
+    (replaying such a graph afterwards would read freed memory: clear only after the graphs)."""
     with _cache_lock:
         _cache.clear()
+        _by_tensor.clear()
+        _by_bytes.clear()
+        _pinned.clear()
+        _deferred.clear()
 
 
 # Cached masks would outlive the interpreter's teardown when torch's op registry keeps this
@@ -273,13 +408,19 @@ def flex_flash_attn_func(
     ``index_attn=True`` raises ValueError: magiattn has no such mask form.
     """
     sm_margin = _check_sm_margin(sm_margin)
-    _check_tuning(index_attn_indices, index_attn, dict(
-        q_block_size=q_block_size, k_block_size=k_block_size,
-        disable_fwd_atomic_reduction=disable_fwd_atomic_reduction,
-        disable_bwd_dkv_atomic_reduction=disable_bwd_dkv_atomic_reduction,
-        ref_block_size=ref_block_size, max_seqlen_q=max_seqlen_q,
-        auto_range_merge=auto_range_merge, swap_ab=swap_ab, pack_gqa=pack_gqa, cat_gqa=cat_gqa,
-        sparse_load=sparse_load, swap_bwd_qk_loop=swap_bwd_qk_loop))
+    if not (q_block_size.__class__ is int and q_block_size == 1 and k_block_size.__class__ is int
+            and k_block_size == 1 and ref_block_size is None and max_seqlen_q is None
+            and index_attn_indices is None and index_attn is False
+            and disable_fwd_atomic_reduction is False and disable_bwd_dkv_atomic_reduction is False
+            and auto_range_merge is False and swap_ab is False and pack_gqa is False
+            and cat_gqa is False and sparse_load is False and swap_bwd_qk_loop is False):
+        _check_tuning(index_attn_indices, index_attn, dict(
+            q_block_size=q_block_size, k_block_size=k_block_size,
+            disable_fwd_atomic_reduction=disable_fwd_atomic_reduction,
+            disable_bwd_dkv_atomic_reduction=disable_bwd_dkv_atomic_reduction,
+            ref_block_size=ref_block_size, max_seqlen_q=max_seqlen_q,
+            auto_range_merge=auto_range_merge, swap_ab=swap_ab, pack_gqa=pack_gqa,
+            cat_gqa=cat_gqa, sparse_load=sparse_load, swap_bwd_qk_loop=swap_bwd_qk_loop))
     q_ranges, k_ranges, attn_type_map = _resolve_ranges(mask, q, k, q_ranges, k_ranges,
                                                         attn_type_map)
     if _is_torch(q, k, v):

@@ -3,12 +3,15 @@
 Imported only when torch tensors reach ``flex_flash_attn_func`` (the package works on numpy
 without torch). The ops take the ranges as int tensors, so ``torch.compile`` sees one opaque
 op per direction (fake impls give shapes and dtypes) and the mask is looked up in the shared
-cache by the ranges' bytes at run time. ``lse`` and ``max_logits`` are returned without
+cache at run time (functional.py: CUDA range tensors by identity, without reading them).
+Eager calls go through an ``autograd.Function`` with the same impl and autograd rule, which
+costs less host time than the custom op's dispatch. ``lse`` and ``max_logits`` are returned without
 gradient: backward differentiates ``out`` only (and the sink through it).
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Optional
 
 import numpy as np
@@ -16,7 +19,9 @@ import torch
 from torch import Tensor
 
 from . import _C
-from .functional import AttnForwardMeta, get_mask
+from .functional import AttnForwardMeta, _compiling, prepared_mask
+
+_to_dlpack = torch.utils.dlpack.to_dlpack
 
 __all__ = ["ffa_forward", "ffa_backward", "flex_flash_attn_func", "flex_flash_attn_backward"]
 
@@ -25,7 +30,53 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-@torch.library.custom_op("magiattn::ffa_forward", mutates_args=())
+def _capsule(t: Tensor):
+    """A DLPack capsule of t: ~10x cheaper than handing the tensor itself to nanobind (which
+    calls ``Tensor.__dlpack__``), and the same zero-copy view."""
+    return _to_dlpack(t.detach())
+
+
+@functools.lru_cache(maxsize=256)
+def _workspace_bytes(num_k: int, heads_kv: int) -> int:
+    return _C.forward_workspace_bytes(num_k, heads_kv)
+
+
+def _forward_impl(q: Tensor, k: Tensor, v: Tensor, q_ranges: Tensor, k_ranges: Tensor,
+                  attn_type_map: Optional[Tensor], sink: Optional[Tensor], sink_layout: str,
+                  softmax_scale: Optional[float], softcap: float, deterministic: bool,
+                  return_max_logits: bool, sm_margin: int) -> tuple[Tensor, Tensor, Tensor]:
+    """The forward on a cached PreparedMask, every buffer from torch's allocator: on a cache
+    hit this does no device-to-host read, no device allocation outside torch's caching
+    allocator and no host work that grows with the mask (so it is CUDA-graph capturable)."""
+    pm = prepared_mask(q.shape[0], k.shape[0], q_ranges, k_ranges, attn_type_map)
+    compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+    device = q.device
+    out = torch.empty(q.shape, dtype=q.dtype, device=device)
+    lse = torch.empty(q.shape[:2], dtype=compute, device=device)
+    max_logits = torch.empty((q.shape[1] if return_max_logits else 0,), dtype=compute,
+                             device=device)
+    if q.is_cuda:
+        index = q.get_device()
+        workspace = _capsule(torch.empty(_workspace_bytes(k.shape[0], k.shape[1]),
+                                         dtype=torch.uint8, device=device))
+        stream = torch._C._cuda_getCurrentRawStream(index)
+    else:
+        workspace, stream = None, 0
+    _C.forward_prepared(_capsule(q), _capsule(k), _capsule(v), pm, _capsule(out),
+                        _capsule(lse), workspace, None if sink is None else _capsule(sink),
+                        _capsule(max_logits) if return_max_logits else None, softmax_scale,
+                        softcap, sink_layout, deterministic, sm_margin, stream)
+    return out, lse, max_logits
+
+
+# The work list is built on the host from the ranges' contents, so a CUDA graph of this op bakes
+# the mask in; torch.compile's reduce-overhead replays graphs for new input contents (a new
+# batch's ranges of the same shape), so the op runs between its graphs, not inside them.
+# torch.cuda.graph captures it as it is (the caller owns what a replay means).
+_GRAPH_UNSAFE = (torch.Tag.cudagraph_unsafe,) if hasattr(torch.Tag, "cudagraph_unsafe") else ()
+
+
+@torch.library.custom_op("magiattn::ffa_forward", mutates_args=(), tags=_GRAPH_UNSAFE)
 def ffa_forward(
     q: Tensor, k: Tensor, v: Tensor, q_ranges: Tensor, k_ranges: Tensor,
     attn_type_map: Optional[Tensor], sink: Optional[Tensor], sink_layout: str,
@@ -33,19 +84,8 @@ def ffa_forward(
     return_max_logits: bool, sm_margin: int = 0,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """``(out [Nq,Hq,D] in q's dtype, lse [Nq,Hq], max_logits [Hq] or [0])``."""
-    mask = get_mask(q.shape[0], k.shape[0], q_ranges, k_ranges, attn_type_map)
-    compute = _compute_dtype(q.dtype)
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty(q.shape[:2], dtype=compute, device=q.device)
-    max_logits = torch.empty((q.shape[1] if return_max_logits else 0,), dtype=compute,
-                             device=q.device)
-    _C.forward(q.detach(), k.detach(), v.detach(), mask, out, lse,
-               sink=None if sink is None else sink.detach(),
-               max_logits=max_logits if return_max_logits else None,
-               softmax_scale=softmax_scale, softcap=softcap, sink_layout=sink_layout,
-               deterministic=deterministic, sm_margin=sm_margin,
-               cuda_stream=torch.cuda.current_stream(q.device).cuda_stream if q.is_cuda else 0)
-    return out, lse, max_logits
+    return _forward_impl(q, k, v, q_ranges, k_ranges, attn_type_map, sink, sink_layout,
+                         softmax_scale, softcap, deterministic, return_max_logits, sm_margin)
 
 
 @ffa_forward.register_fake
@@ -63,7 +103,7 @@ def ffa_backward(
     softmax_scale: Optional[float], softcap: float, deterministic: bool, sm_margin: int = 0,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(dq, dk, dv, dsink)``; dsink is an empty tensor when there is no sink."""
-    mask = get_mask(q.shape[0], k.shape[0], q_ranges, k_ranges, attn_type_map)
+    mask = prepared_mask(q.shape[0], k.shape[0], q_ranges, k_ranges, attn_type_map).mask
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
@@ -111,6 +151,21 @@ def _backward(ctx, dout, _dlse, _dmax_logits):
 torch.library.register_autograd("magiattn::ffa_forward", _backward, setup_context=_setup_context)
 
 
+class _FFAForward(torch.autograd.Function):
+    """The eager path: the same impl and autograd rule as the custom op, without the custom
+    op's dispatch (about 6 us a call, which at 2k-4k tokens is a fifth of the kernel)."""
+
+    @staticmethod
+    def forward(ctx, *inputs):
+        output = _forward_impl(*inputs)
+        _setup_context(ctx, inputs, output)
+        return output
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return _backward(ctx, *grads)
+
+
 # ---- Python wrappers ------------------------------------------------------------------------
 def _int_tensor(x: Any, name: str) -> Tensor:
     if isinstance(x, Tensor):
@@ -150,7 +205,8 @@ def flex_flash_attn_func(q: Tensor, k: Tensor, v: Tensor, q_ranges: Any, k_range
     """The torch half of ``magiattn.flex_flash_attn_func`` (differentiable in q, k, v, sink)."""
     _check_qkv(q=q, k=k, v=v)
     q_ranges = _int_tensor(q_ranges, "q_ranges")
-    out, lse, max_logits = torch.ops.magiattn.ffa_forward(
+    op = torch.ops.magiattn.ffa_forward if _compiling() else _FFAForward.apply
+    out, lse, max_logits = op(
         q, k, v, q_ranges, _int_tensor(k_ranges, "k_ranges"),
         _type_tensor(attn_type_map, q_ranges.shape[0]), sink, sink_layout,
         None if softmax_scale is None else float(softmax_scale), float(softcap),

@@ -188,6 +188,22 @@ std::optional<TensorView> TensorArgs::optional_output(nb::handle obj, const char
   return output(obj, name);
 }
 
+Workspace TensorArgs::bytes(nb::handle obj, const char* name, int device) {
+  OutArray a;
+  MAGI_CHECK(nb::try_cast(obj, a, false), name, ": expected a writable uint8 tensor, got ",
+             type_of(obj));
+  const dl::dtype t = a.dtype();
+  MAGI_CHECK(t.bits == 8 && t.lanes == 1 && (t.code == std::uint8_t(dl::dtype_code::UInt) ||
+                                             t.code == std::uint8_t(dl::dtype_code::Int)),
+             name, ": dtype ", dtype_str(t), " is not uint8 or int8");
+  MAGI_CHECK(a.ndim() == 1 && (a.size() <= 1 || a.stride(0) == 1), name,
+             ": expected a contiguous 1-d byte tensor");
+  MAGI_CHECK(a.device_type() == nb::device::cuda::value && a.device_id() == device, name,
+             ": must be a CUDA tensor on q's device cuda:", device);
+  outputs_.push_back(a);
+  return Workspace{a.data(), a.size()};
+}
+
 IntArray read_ints(nb::handle obj, const char* name, int ndim) {
   return read_as<std::int64_t>(obj, name, ndim);
 }

@@ -31,6 +31,9 @@ class TensorArgs {
   TensorView output(nb::handle obj, const char* name);
   std::optional<TensorView> optional_input(nb::handle obj, const char* name);  // None: absent
   std::optional<TensorView> optional_output(nb::handle obj, const char* name);
+  // Raw writable bytes (a contiguous uint8/int8 CUDA array on device `device`): scratch
+  // memory such as a workspace.
+  Workspace bytes(nb::handle obj, const char* name, int device);
 
  private:
   std::vector<InArray> inputs_;

@@ -45,6 +45,23 @@ void backward(nb::handle dout, nb::handle q, nb::handle k, nb::handle v, nb::han
   attn_backward(mask, a, opts);
 }
 
+// The per-call path of the torch front (functional.py's cache hit): positional arguments, the
+// tensors as DLPack capsules, the workspace as a uint8 CUDA tensor (torch's caching allocator).
+void forward_prepared(nb::handle q, nb::handle k, nb::handle v, const PreparedMask& mask,
+                      nb::handle out, nb::handle lse, nb::handle workspace, nb::handle sink,
+                      nb::handle max_logits, std::optional<double> softmax_scale, double softcap,
+                      const std::string& sink_layout, bool deterministic, int sm_margin,
+                      std::uintptr_t cuda_stream) {
+  AttnOptions opts = attn_options(softmax_scale, softcap, sink_layout, false, deterministic, 0,
+                                  sm_margin);
+  opts.cuda_stream = cuda_stream;
+  TensorArgs t;
+  FwdArgs a = fwd_args(t, q, k, v, out, lse, sink, max_logits);
+  if (!workspace.is_none()) a.workspace = t.bytes(workspace, "workspace", a.q.device_idx);
+  nb::gil_scoped_release release;
+  attn_forward(mask, a, opts);
+}
+
 }  // namespace
 
 void bind_attention(nb::module_& m) {
@@ -58,6 +75,22 @@ void bind_attention(nb::module_& m) {
         "FFA forward (docs/semantics.md §2) into out [Nq, Hq, D] and lse [Nq, Hq]; returns None. CUDA "
         "tensors run on cuda_stream (a cudaStream_t as an int; 0: the default stream) and "
         "leave sm_margin SMs free; the CPU ignores sm_margin (it must still be >= 0)");
+  nb::class_<PreparedMask>(m, "PreparedMask",
+                           "A Mask with its GPU work lists, built on first use per device and "
+                           "head dim and reused by every call (forward_prepared)")
+      .def(nb::init<Mask>(), "mask"_a)
+      .def_prop_ro("mask", &PreparedMask::mask, nb::rv_policy::reference_internal)
+      .def_prop_ro("device_bytes", &PreparedMask::device_bytes,
+                   "device memory held by its work lists")
+      .def_prop_ro("num_states", &PreparedMask::num_states,
+                   "(device, tile shape) work lists built so far");
+  m.def("forward_prepared", &forward_prepared, "q"_a, "k"_a, "v"_a, "mask"_a, "out"_a, "lse"_a,
+        "workspace"_a.none(), "sink"_a.none(), "max_logits"_a.none(), "softmax_scale"_a.none(),
+        "softcap"_a, "sink_layout"_a, "deterministic"_a, "sm_margin"_a, "cuda_stream"_a,
+        "forward on a PreparedMask (positional; see forward); workspace: None or a uint8 "
+        "tensor of forward_workspace_bytes(Nk, Hkv) bytes on q's device");
+  m.def("forward_workspace_bytes", &attn_forward_workspace_bytes, "num_k"_a, "heads_kv"_a,
+        "bytes of the GPU forward's per-call workspace");
   m.def("backward", &backward, "dout"_a, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "dq"_a, "dk"_a,
         "dv"_a, "mask"_a, nb::kw_only(), "sink"_a.none() = nb::none(),
         "dsink"_a.none() = nb::none(), "softmax_scale"_a.none() = nb::none(),

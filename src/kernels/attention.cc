@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "backend.h"
+#include "sm90/fwd_params.h"
 #include "magi/error.h"
 
 namespace magi {
@@ -200,6 +201,12 @@ SinkLayout sink_layout_from_name(std::string_view name) {
   MAGI_FAIL("sink layout '", name, "' is not \"sh\" or \"ssh\"");
 }
 
+std::size_t attn_forward_workspace_bytes(std::int64_t num_k, std::int64_t heads_kv) {
+  MAGI_CHECK(num_k >= 0 && heads_kv >= 0, "attn_forward_workspace_bytes: negative Nk ", num_k,
+             " or Hkv ", heads_kv);
+  return kernels::sm90::fwd_workspace_layout(num_k, heads_kv).bytes;
+}
+
 double attn_fwd_flops(std::int64_t area, std::int64_t num_heads_q, std::int64_t head_dim) {
   return 4.0 * double(area) * double(num_heads_q) * double(head_dim);
 }
@@ -223,6 +230,15 @@ kernels::Resolved check_forward_args(const Mask& mask, const FwdArgs& a,
     check_no_alias(*a.max_logits, "max_logits");
     check_dtype(*a.max_logits, "max_logits", r.compute, "max_logits is kept in the compute type");
     check_device(*a.max_logits, "max_logits", a.q);
+  }
+  if (a.workspace && on_gpu(a.q)) {
+    const std::size_t need = attn_forward_workspace_bytes(r.dims.num_k, r.dims.heads_kv);
+    MAGI_CHECK(a.workspace->bytes >= need, "workspace: ", a.workspace->bytes, " bytes, but ",
+               need, " are needed (attn_forward_workspace_bytes(Nk=", r.dims.num_k, ", Hkv=",
+               r.dims.heads_kv, "))");
+    MAGI_CHECK(reinterpret_cast<std::uintptr_t>(a.workspace->data) % 16 == 0 &&
+                   a.workspace->data != nullptr,
+               "workspace: the data pointer must be non-null and 16-byte aligned");
   }
   return r;
 }
@@ -276,9 +292,19 @@ void validate_backward(const Mask& mask, const BwdArgs& a, const AttnOptions& op
 void attn_forward(const Mask& mask, const FwdArgs& a, const AttnOptions& opts) {
   const kernels::Resolved r = check_forward_args(mask, a, opts);
 #ifdef MAGI_HAS_SM90
-  if (on_gpu(a.q)) return kernels::sm90::forward(mask, a, r, opts.sm_margin, opts.cuda_stream);
+  if (on_gpu(a.q))
+    return kernels::sm90::forward(mask, nullptr, a, r, opts.sm_margin, opts.cuda_stream);
 #endif
   kernels::cpu::forward(mask, a, r);
+}
+
+void attn_forward(const PreparedMask& pm, const FwdArgs& a, const AttnOptions& opts) {
+  const kernels::Resolved r = check_forward_args(pm.mask(), a, opts);
+#ifdef MAGI_HAS_SM90
+  if (on_gpu(a.q))
+    return kernels::sm90::forward(pm.mask(), &pm, a, r, opts.sm_margin, opts.cuda_stream);
+#endif
+  kernels::cpu::forward(pm.mask(), a, r);
 }
 
 void attn_backward(const Mask& mask, const BwdArgs& a, const AttnOptions& opts) {

@@ -31,10 +31,11 @@ void forward(const Mask& mask, const FwdArgs& args, const Resolved& r);
 void backward(const Mask& mask, const BwdArgs& args, const Resolved& r);
 }  // namespace cpu
 
-// Hopper (built when CUDA is enabled, MAGI_HAS_SM90): bf16/fp16 inputs, fp32 lse.
+// Hopper (built when CUDA is enabled, MAGI_HAS_SM90): bf16/fp16 inputs, fp32 lse. With a
+// prepared mask (the same mask), the work list comes from it; without, it is built per call.
 namespace sm90 {
-void forward(const Mask& mask, const FwdArgs& args, const Resolved& r, int sm_margin,
-             std::uintptr_t stream);
+void forward(const Mask& mask, const PreparedMask* prepared, const FwdArgs& args,
+             const Resolved& r, int sm_margin, std::uintptr_t stream);
 }  // namespace sm90
 
 }  // namespace magi::kernels

@@ -1,16 +1,22 @@
-// Host side of the sm90 forward: builds the work list, uploads it with the scheduler's counter
-// in one stream-ordered allocation (which also holds the NaN/inf row flags of K and V, written
-// by flag_bad_rows), fills max_logits, picks the instantiation for (dtype, D) and launches on
-// the caller's stream. Nothing here synchronises with the device.
+// Host side of the sm90 forward: finds the work list (resident in a PreparedMask, or built and
+// uploaded per call), zeroes the per-call workspace (the scheduler's counter and the NaN/inf
+// flag words that flag_bad_rows fills from K and V), fills max_logits, picks the
+// instantiation for (dtype, D) and launches on the caller's stream. A call on a prepared mask
+// with a workspace is capturable in a CUDA graph: stream work only, nothing synchronises.
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <array>
+#include <atomic>
 #include <cstring>
+#include <mutex>
 #include <vector>
 
 #include "../backend.h"
 #include "fwd_instances.h"
 #include "fwd_kernel.cuh"
 #include "magi/error.h"
+#include "magi/prepared.h"
 
 namespace magi::kernels::sm90 {
 namespace {
@@ -67,23 +73,122 @@ OutType out_type(DType t) {
 }
 
 int sm_count(int device) {
+  static std::array<std::atomic<int>, 64> known{};  // per device; 0: not asked yet
+  const bool cached = device >= 0 && device < int(known.size());
+  if (cached && known[std::size_t(device)].load(std::memory_order_relaxed) > 0)
+    return known[std::size_t(device)].load(std::memory_order_relaxed);
   int n = 0;
   MAGI_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device),
                   "multiprocessor count");
+  if (cached) known[std::size_t(device)].store(n, std::memory_order_relaxed);
   return n;
 }
 
+// CUDA calls that are not stream work (allocation, a private stream's copy) made while some
+// stream of this process is being captured: relaxed, as torch's allocator does, so they neither
+// fail nor invalidate the capture.
+class RelaxedCapture {
+ public:
+  RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode_); }
+  ~RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode_); }
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+};
+
+constexpr std::size_t align16(std::size_t n) { return (n + 15) / 16 * 16; }
+
+// Tiles then pieces, as the kernel reads them.
+struct WorkImage {
+  std::vector<unsigned char> bytes;
+  std::size_t pieces_off = 0;
+  std::int32_t num_tiles = 0;
+};
+
+WorkImage work_image(const Mask& mask, int head_dim) {
+  const WorkList w = make_work_list(mask, fwd_block_m(head_dim), fwd_block_n(head_dim));
+  WorkImage img;
+  const std::size_t tiles_bytes = w.tiles.size() * sizeof(Tile);
+  img.pieces_off = align16(tiles_bytes);
+  img.bytes.assign(img.pieces_off + w.pieces.size() * sizeof(Piece), 0);
+  std::memcpy(img.bytes.data(), w.tiles.data(), tiles_bytes);
+  std::memcpy(img.bytes.data() + img.pieces_off, w.pieces.data(), w.pieces.size() * sizeof(Piece));
+  img.num_tiles = std::int32_t(w.tiles.size());
+  return img;
+}
+
+// One stream per device for the uploads of prepared work lists: the host waits for its copy
+// only, never for the compute queued on the caller's stream.
+cudaStream_t upload_stream(int device) {
+  static std::mutex mu;
+  static std::array<cudaStream_t, 64> streams{};
+  MAGI_CHECK(device >= 0 && device < int(streams.size()), "GPU forward: device ", device,
+             " beyond the ", streams.size(), " this build supports");
+  std::lock_guard<std::mutex> lock(mu);
+  cudaStream_t& s = streams[std::size_t(device)];
+  if (s == nullptr) MAGI_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking),
+                                    "upload stream");
+  return s;  // kept for the process (destroying it at exit could outlive the driver)
+}
+
+// A work list resident on one device, owned by a PreparedMask (prepared.h).
+class DeviceWork final : public PreparedState {
+ public:
+  DeviceWork(const Mask& mask, int device, int head_dim) {
+    WorkImage img = work_image(mask, head_dim);
+    num_tiles_ = img.num_tiles;
+    bytes_ = std::max<std::size_t>(img.bytes.size(), 16);
+    RelaxedCapture relaxed;
+    MAGI_CUDA_CHECK(cudaMalloc(&dev_, bytes_), "prepared work list allocation");
+    const cudaStream_t s = upload_stream(device);
+    cudaError_t e = cudaMemcpyAsync(dev_, img.bytes.data(), img.bytes.size(),
+                                    cudaMemcpyHostToDevice, s);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(s);
+    if (e != cudaSuccess) cudaFree(dev_);
+    MAGI_CUDA_CHECK(e, "prepared work list upload");
+    pieces_off_ = img.pieces_off;
+  }
+  ~DeviceWork() override {
+    RelaxedCapture relaxed;
+    cudaFree(dev_);  // waits for the kernels that may still read it
+  }
+  std::size_t device_bytes() const override { return bytes_; }
+  const Tile* tiles() const { return static_cast<const Tile*>(dev_); }
+  const Piece* pieces() const {
+    return reinterpret_cast<const Piece*>(static_cast<const unsigned char*>(dev_) + pieces_off_);
+  }
+  std::int32_t num_tiles() const { return num_tiles_; }
+
+ private:
+  void* dev_ = nullptr;
+  std::size_t bytes_ = 0, pieces_off_ = 0;
+  std::int32_t num_tiles_ = 0;
+};
+
+// Frees the per-call allocation after the kernels on the stream (stream-ordered), also on
+// an error path.
+struct StreamFree {
+  void* ptr = nullptr;
+  cudaStream_t stream = nullptr;
+  ~StreamFree() {
+    if (ptr != nullptr) cudaFreeAsync(ptr, stream);
+  }
+};
+
 }  // namespace
 
-void forward(const Mask& mask, const FwdArgs& a, const Resolved& r, int sm_margin,
-             std::uintptr_t stream_handle) {
+void forward(const Mask& mask, const PreparedMask* prepared, const FwdArgs& a, const Resolved& r,
+             int sm_margin, std::uintptr_t stream_handle) {
   const Dims& dm = r.dims;
   const Launcher launch = find_launcher(a.q.dtype, dm.head_dim);
   MAGI_CHECK(launch != nullptr, "GPU forward: no kernel for q dtype ", dtype_name(a.q.dtype),
              " and head dim ", dm.head_dim, " (built: ", MAGI_SM90_FWD_BUILT,
              "; configure with -DMAGI_CUDA_KERNELS=all for every variant)");
   auto stream = reinterpret_cast<cudaStream_t>(stream_handle);
-  MAGI_CUDA_CHECK(cudaSetDevice(a.q.device_idx), "cudaSetDevice");
+  const int device = a.q.device_idx;
+  int current = -1;
+  MAGI_CUDA_CHECK(cudaGetDevice(&current), "cudaGetDevice");
+  if (current != device) MAGI_CUDA_CHECK(cudaSetDevice(device), "cudaSetDevice");
 
   FwdParams p;
   p.q = a.q.data, p.k = a.k.data, p.v = a.v.data, p.out = a.out.data;
@@ -122,50 +227,51 @@ void forward(const Mask& mask, const FwdArgs& a, const Resolved& r, int sm_margi
   }
   if (dm.num_q == 0) return;
 
-  const WorkList w = make_work_list(mask, fwd_block_m(int(dm.head_dim)),
-                                    fwd_block_n(int(dm.head_dim)));
-  // One allocation: counter, per-head any-flag words, tiles, pieces, row flags (each 16-byte
-  // aligned). The row flags are written on the device; the rest is uploaded (zeros included).
-  const std::size_t any_off = 16;
-  const std::size_t tiles_off = (any_off + dm.heads_kv * sizeof(unsigned) + 15) / 16 * 16;
-  const std::size_t tiles_bytes = w.tiles.size() * sizeof(Tile);
-  const std::size_t pieces_off = (tiles_off + tiles_bytes + 15) / 16 * 16;
-  const std::size_t flags_off = (pieces_off + w.pieces.size() * sizeof(Piece) + 15) / 16 * 16;
-  const int flag_words = int((dm.num_k + 31) / 32) + detail::kBadWords + 1;
-  const std::size_t upload = flags_off;
-  const std::size_t bytes = flags_off + std::size_t(flag_words) * dm.heads_kv * sizeof(unsigned);
-  std::vector<unsigned char> host(upload, 0);
-  std::memcpy(host.data() + tiles_off, w.tiles.data(), tiles_bytes);
-  std::memcpy(host.data() + pieces_off, w.pieces.data(), w.pieces.size() * sizeof(Piece));
-  void* dev = nullptr;
-  MAGI_CUDA_CHECK(cudaMallocAsync(&dev, bytes, stream), "work list allocation");
-  auto* base = static_cast<unsigned char*>(dev);
-  const cudaError_t copied = cudaMemcpyAsync(dev, host.data(), upload, cudaMemcpyHostToDevice, stream);
-  if (copied != cudaSuccess) cudaFreeAsync(dev, stream);
-  MAGI_CUDA_CHECK(copied, "work list upload");
-  p.counter = reinterpret_cast<std::int32_t*>(base);
-  p.tiles = reinterpret_cast<const Tile*>(base + tiles_off);
-  p.pieces = reinterpret_cast<const Piece*>(base + pieces_off);
-  p.num_tiles = std::int32_t(w.tiles.size());
-  auto* flags = reinterpret_cast<unsigned*>(base + flags_off);
-  auto* any = reinterpret_cast<unsigned*>(base + any_off);
-  p.bad_rows = flags, p.bad_any = any, p.bad_words = flag_words;
-  const dim3 flag_grid(unsigned(flag_words), unsigned(dm.heads_kv));
+  // The work list: resident in the prepared mask (built on its first call per device and
+  // head dim), or built now and uploaded behind the workspace in one per-call allocation.
+  const FwdWorkspaceLayout ws = fwd_workspace_layout(dm.num_k, dm.heads_kv);
+  const int d = int(dm.head_dim);
+  WorkImage img;
+  if (prepared != nullptr) {
+    const auto& work = static_cast<const DeviceWork&>(prepared->state(
+        device, fwd_block_m(d) << 16 | fwd_block_n(d),
+        [&] { return std::make_unique<DeviceWork>(mask, device, d); }));
+    p.tiles = work.tiles(), p.pieces = work.pieces(), p.num_tiles = work.num_tiles();
+  } else {
+    img = work_image(mask, d);
+    p.num_tiles = img.num_tiles;
+  }
+  const bool own_scratch = !a.workspace.has_value();
+  const std::size_t image_off = own_scratch ? align16(ws.bytes) : 0;
+  StreamFree owned{nullptr, stream};
+  if (own_scratch || prepared == nullptr)
+    MAGI_CUDA_CHECK(cudaMallocAsync(&owned.ptr, image_off + img.bytes.size(), stream),
+                    "per-call work list allocation");
+  auto* scratch = static_cast<unsigned char*>(own_scratch ? owned.ptr : a.workspace->data);
+  if (prepared == nullptr) {
+    auto* dev = static_cast<unsigned char*>(owned.ptr) + image_off;
+    MAGI_CUDA_CHECK(cudaMemcpyAsync(dev, img.bytes.data(), img.bytes.size(),
+                                    cudaMemcpyHostToDevice, stream),
+                    "work list upload");
+    p.tiles = reinterpret_cast<const Tile*>(dev);
+    p.pieces = reinterpret_cast<const Piece*>(dev + img.pieces_off);
+  }
+  MAGI_CUDA_CHECK(cudaMemsetAsync(scratch, 0, ws.flags_off, stream), "workspace zeroing");
+  p.counter = reinterpret_cast<std::int32_t*>(scratch);
+  auto* flags = reinterpret_cast<unsigned*>(scratch + ws.flags_off);
+  auto* any = reinterpret_cast<unsigned*>(scratch + ws.any_off);
+  p.bad_rows = flags, p.bad_any = any, p.bad_words = ws.bad_words;
+  const dim3 flag_grid(unsigned(ws.bad_words), unsigned(dm.heads_kv));
   const int chunks = int(dm.head_dim / 8);
   if (a.k.dtype == DType::kBF16)
     flag_bad_rows<true><<<flag_grid, 32, 0, stream>>>(p, chunks, flags, any);
   else
     flag_bad_rows<false><<<flag_grid, 32, 0, stream>>>(p, chunks, flags, any);
-  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) {
-    cudaFreeAsync(dev, stream);
-    MAGI_CUDA_CHECK(e, "row flag launch");
-  }
+  MAGI_CUDA_CHECK(cudaGetLastError(), "row flag launch");
 
-  const std::int64_t items = std::int64_t(w.tiles.size()) * dm.heads_q;
-  const int sms = std::max(1, sm_count(a.q.device_idx) - sm_margin);
-  const cudaError_t launched = launch(p, sms, items, stream);
-  cudaFreeAsync(dev, stream);  // stream-ordered: after the kernel
-  MAGI_CUDA_CHECK(launched, "kernel launch");
+  const std::int64_t items = std::int64_t(p.num_tiles) * dm.heads_q;
+  const int sms = std::max(1, sm_count(device) - sm_margin);
+  MAGI_CUDA_CHECK(launch(p, sms, items, stream), "kernel launch");
 }
 
 }  // namespace magi::kernels::sm90

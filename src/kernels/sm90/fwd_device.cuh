@@ -140,7 +140,7 @@ struct BlockIter {
 // One key block as the producer hands it to the consumers, in shared memory beside its K
 // stage (written before the stage's K load is posted, read after its k_full wait): the piece
 // (for element masking), the first key and what the consumers need to know about it.
-inline constexpr int kBadWords = 4;  // 32 keys per word: blocks have at most 128 keys
+using sm90::kBadWords;
 
 struct BlockInfo {
   enum : int {

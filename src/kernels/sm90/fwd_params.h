@@ -2,6 +2,7 @@
 // are in elements; every tensor's last dim is unit-stride (attention.cc checks it).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "work_list.h"
@@ -24,6 +25,25 @@ constexpr int fwd_block_m(int head_dim) { return 64 * fwd_consumer_warpgroups(he
 inline bool fwd_rewrite(float scale, float softcap) { return softcap > 0.f || scale < 0.f; }
 constexpr int fwd_block_n(int head_dim) {
   return head_dim > 128 ? 64 : fwd_consumer_warpgroups(head_dim) == 3 ? 96 : 128;
+}
+
+// Words of NaN/inf row flags a key block spans (32 keys per word, blocks of at most 128 keys).
+inline constexpr int kBadWords = 4;
+
+// The per-call workspace (attention.h FwdArgs::workspace), 16-byte aligned pieces: the
+// scheduler's counter, one "any flagged row" word per kv head, then bad_words row-flag words
+// per kv head (one bit per key row, kBadWords + 1 words of padding for the blocks' reads).
+// The first flags_off bytes are zeroed per call; the flags are written by the pre-pass.
+struct FwdWorkspaceLayout {
+  std::size_t any_off = 16, flags_off = 0, bytes = 0;
+  std::int32_t bad_words = 0;
+};
+constexpr FwdWorkspaceLayout fwd_workspace_layout(std::int64_t num_k, std::int64_t heads_kv) {
+  FwdWorkspaceLayout l;
+  l.flags_off = (l.any_off + std::size_t(heads_kv) * 4 + 15) / 16 * 16;
+  l.bad_words = std::int32_t((num_k + 31) / 32) + kBadWords + 1;
+  l.bytes = l.flags_off + std::size_t(l.bad_words) * std::size_t(heads_kv) * 4;
+  return l;
 }
 
 struct FwdParams {

@@ -1,0 +1,85 @@
+// PreparedMask (include/magi/prepared.h): a backend's state is built once per (device, key)
+// and lives as long as the object; on CPU tensors a prepared mask computes exactly what its
+// Mask does. The GPU side (work lists resident on the device, CUDA graphs) is
+// tests/gpu/sm90_prepared_test.cc.
+#include "magi/prepared.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "attn_case.h"
+#include "magi/attention.h"
+#include "magi/error.h"
+#include "magi/mask_builders.h"
+
+namespace magi {
+namespace {
+
+struct Counted final : PreparedState {
+  explicit Counted(std::size_t b) : bytes(b) {}
+  std::size_t device_bytes() const override { return bytes; }
+  std::size_t bytes;
+};
+
+TEST(PreparedMask, BuildsEachStateOnceAndKeepsIt) {
+  const PreparedMask pm(masks::causal(64, 64));
+  int builds = 0;
+  const auto build = [&](std::size_t bytes) {
+    return [&builds, bytes] {
+      ++builds;
+      return std::make_unique<Counted>(bytes);
+    };
+  };
+  const PreparedState& a = pm.state(0, 1, build(100));
+  EXPECT_EQ(&pm.state(0, 1, build(7)), &a);  // the same object, not rebuilt
+  const PreparedState& b = pm.state(0, 2, build(20));
+  const PreparedState& c = pm.state(1, 1, build(3));
+  EXPECT_EQ(builds, 3);
+  EXPECT_EQ(pm.num_states(), 3u);
+  EXPECT_EQ(pm.device_bytes(), 123u);
+  EXPECT_EQ(&pm.state(0, 1, build(1)), &a);  // still valid after later insertions
+  EXPECT_NE(&b, &c);
+  EXPECT_EQ(pm.mask(), masks::causal(64, 64));
+}
+
+TEST(PreparedMask, CpuForwardEqualsTheMaskPathBitwise) {
+  std::mt19937_64 rng(12);
+  const Mask mask = testing::packed_documents(rng, 300);
+  const oracle::Problem p = testing::random_problem(rng, 300, 300, 4, 2, 32, {}, 0);
+  std::vector<float> q(p.q.begin(), p.q.end()), k(p.k.begin(), p.k.end()),
+      v(p.v.begin(), p.v.end());
+  const auto run = [&](const auto& m) {
+    std::vector<float> out(q.size()), lse(std::size_t(300 * 4));
+    FwdArgs a{make_view(q.data(), DType::kF32, {300, 4, 32}),
+              make_view(k.data(), DType::kF32, {300, 2, 32}),
+              make_view(v.data(), DType::kF32, {300, 2, 32}),
+              make_view(out.data(), DType::kF32, {300, 4, 32}),
+              make_view(lse.data(), DType::kF32, {300, 4}), {}, {}};
+    attn_forward(m, a);
+    out.insert(out.end(), lse.begin(), lse.end());
+    return out;
+  };
+  const PreparedMask pm(mask);
+  const std::vector<float> want = run(mask), got = run(pm);
+  ASSERT_EQ(want.size(), got.size());
+  EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0);
+  EXPECT_EQ(pm.num_states(), 0u);  // the CPU backend keeps nothing per mask
+}
+
+TEST(PreparedMask, WorkspaceBytesGrowWithKeysAndHeads) {
+  const std::size_t base = attn_forward_workspace_bytes(0, 1);
+  EXPECT_GT(base, 0u);
+  EXPECT_EQ(base % 4, 0u);
+  EXPECT_LT(attn_forward_workspace_bytes(32, 1), attn_forward_workspace_bytes(33, 1));
+  EXPECT_LT(attn_forward_workspace_bytes(1 << 20, 1), attn_forward_workspace_bytes(1 << 20, 8));
+  // One bit per key row and kv head, plus a fixed header and padding per head.
+  EXPECT_LE(attn_forward_workspace_bytes(1 << 20, 8), (std::size_t(1) << 20) + 4096);
+  EXPECT_THROW(attn_forward_workspace_bytes(-1, 1), Error);
+}
+
+}  // namespace
+}  // namespace magi
