@@ -13,8 +13,8 @@ Columns:
                tensor objects every call, as a training loop reuses its batch's ranges
   cudnn        torch SDPA, cuDNN backend, q/k/v as [1, H, N, D] views (full and causal only)
   flex         FlexAttention, compiled, block mask built once (gpu_attention_bench.flex_runner)
-  graph        (--graph) one magiattn call with CPU ranges captured in a CUDA graph, replayed
-               --calls times (CUDA ranges are read on the host inside the call: not capturable)
+  graph        (--graph) one magiattn call with the CUDA ranges captured in a CUDA graph
+               (torch.cuda.graph), replayed --calls times
 Per column: GPU time per call = CUDA events around the whole loop / calls, after a warm-up and a
 synchronize; host time per call = perf_counter around the same loop with no synchronize inside
 it (the time until the calls are queued) / calls; TFLOP/s from the GPU time, FLOPs =
@@ -148,7 +148,7 @@ def run_row(name: str, seqlen: int, q, k, v, args) -> dict:
             report(where, "flex", e)
     if args.graph:  # last: a failed capture is the most likely to disturb what follows
         try:
-            cols["graph"] = (graph_replay(magi(cpu_r), args.warmup), none)
+            cols["graph"] = (graph_replay(magi(cuda_r), args.warmup), none)
         except Exception as e:  # noqa: BLE001
             report(where, "graph", e)
             with contextlib.suppress(Exception):

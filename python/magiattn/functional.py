@@ -253,7 +253,13 @@ def _cache_len() -> int:  # for tests
 # ---- helpers ----------------------------------------------------------------------------------
 def _is_torch(*xs: Any) -> bool:
     torch = sys.modules.get("torch")
-    return torch is not None and any(isinstance(x, torch.Tensor) for x in xs)
+    if torch is None:
+        return False
+    tensor = torch.Tensor
+    for x in xs:
+        if isinstance(x, tensor):
+            return True
+    return False
 
 
 def _check_ndim(x: Any, name: str, ndim: int) -> None:
@@ -314,6 +320,8 @@ def _compiling() -> bool:
 
 
 def _check_sm_margin(sm_margin: Any) -> int:
+    if sm_margin.__class__ is int and sm_margin >= 0:  # the common case, first
+        return sm_margin
     if not _is_int(sm_margin) or sm_margin < 0:
         raise ValueError(f"sm_margin: {sm_margin!r} must be an int >= 0 (SMs left free on the "
                          "GPU; the CPU ignores it)")
@@ -421,15 +429,15 @@ def flex_flash_attn_func(
             ref_block_size=ref_block_size, max_seqlen_q=max_seqlen_q,
             auto_range_merge=auto_range_merge, swap_ab=swap_ab, pack_gqa=pack_gqa,
             cat_gqa=cat_gqa, sparse_load=sparse_load, swap_bwd_qk_loop=swap_bwd_qk_loop))
-    q_ranges, k_ranges, attn_type_map = _resolve_ranges(mask, q, k, q_ranges, k_ranges,
-                                                        attn_type_map)
+    if mask is not None or q_ranges is None or k_ranges is None:
+        q_ranges, k_ranges, attn_type_map = _resolve_ranges(mask, q, k, q_ranges, k_ranges,
+                                                            attn_type_map)
     if _is_torch(q, k, v):
         from . import torch_ops
 
         return torch_ops.flex_flash_attn_func(
-            q, k, v, q_ranges, k_ranges, attn_type_map, sink=sink, sink_layout=sink_layout,
-            softmax_scale=softmax_scale, softcap=softcap, deterministic=deterministic,
-            return_max_logits=return_max_logits, sm_margin=sm_margin)
+            q, k, v, q_ranges, k_ranges, attn_type_map, sink, sink_layout, softmax_scale,
+            softcap, deterministic, return_max_logits, sm_margin)
     for x, name in ((q, "q"), (k, "k"), (v, "v")):
         _check_ndim(x, name, 3)
     m = get_mask(q.shape[0], k.shape[0], q_ranges, k_ranges, attn_type_map)

@@ -12,6 +12,7 @@ gradient: backward differentiates ``out`` only (and the sink through it).
 from __future__ import annotations
 
 import functools
+import threading
 from typing import Any, Optional
 
 import numpy as np
@@ -41,6 +42,27 @@ def _workspace_bytes(num_k: int, heads_kv: int) -> int:
     return _C.forward_workspace_bytes(num_k, heads_kv)
 
 
+# The forward's per-call workspace (the scheduler's counter and K/V's NaN/inf row flags, a few
+# bytes per key and kv head): one per (device, stream), reused by every call on that stream,
+# which orders them. Inside a CUDA graph capture each call gets its own from the graph's pool.
+_scratch: dict = {}
+_scratch_lock = threading.Lock()
+
+
+def _workspace(index: int, stream: int, need: int, device: torch.device) -> Tensor:
+    if torch._C._cuda_isCurrentStreamCapturing():
+        return torch.empty(need, dtype=torch.uint8, device=device)
+    ws = _scratch.get((index, stream))
+    if ws is None or ws.numel() < need:
+        ws = torch.empty(max(need, 2 * (0 if ws is None else ws.numel())), dtype=torch.uint8,
+                         device=device)
+        with _scratch_lock:
+            if len(_scratch) >= 64:  # streams come and go: keep the table small
+                _scratch.clear()
+            _scratch[(index, stream)] = ws
+    return ws
+
+
 def _forward_impl(q: Tensor, k: Tensor, v: Tensor, q_ranges: Tensor, k_ranges: Tensor,
                   attn_type_map: Optional[Tensor], sink: Optional[Tensor], sink_layout: str,
                   softmax_scale: Optional[float], softcap: float, deterministic: bool,
@@ -57,15 +79,20 @@ def _forward_impl(q: Tensor, k: Tensor, v: Tensor, q_ranges: Tensor, k_ranges: T
                              device=device)
     if q.is_cuda:
         index = q.get_device()
-        workspace = _capsule(torch.empty(_workspace_bytes(k.shape[0], k.shape[1]),
-                                         dtype=torch.uint8, device=device))
         stream = torch._C._cuda_getCurrentRawStream(index)
+        workspace = _workspace(index, stream, _workspace_bytes(k.shape[0], k.shape[1]), device)
     else:
         workspace, stream = None, 0
-    _C.forward_prepared(_capsule(q), _capsule(k), _capsule(v), pm, _capsule(out),
-                        _capsule(lse), workspace, None if sink is None else _capsule(sink),
-                        _capsule(max_logits) if return_max_logits else None, softmax_scale,
-                        softcap, sink_layout, deterministic, sm_margin, stream)
+    args = (_capsule(q), _capsule(k), _capsule(v), pm, _capsule(out), _capsule(lse),
+            None if workspace is None else _capsule(workspace),
+            None if sink is None else _capsule(sink),
+            _capsule(max_logits) if return_max_logits else None, softmax_scale, softcap,
+            sink_layout, deterministic, sm_margin, stream)
+    if workspace is not None and workspace is _scratch.get((index, stream)):
+        with _scratch_lock:  # two threads on one stream must not interleave on one workspace
+            _C.forward_prepared(*args)
+    else:
+        _C.forward_prepared(*args)
     return out, lse, max_logits
 
 
@@ -197,20 +224,29 @@ def _check_qkv(**tensors: Tensor) -> None:
 
 
 def flex_flash_attn_func(q: Tensor, k: Tensor, v: Tensor, q_ranges: Any, k_ranges: Any,
-                         attn_type_map: Any = None, *, sink: Optional[Tensor] = None,
-                         sink_layout: str = "sh", softmax_scale: Optional[float] = None,
-                         softcap: float = 0.0, deterministic: bool = False,
-                         return_max_logits: bool = False,
-                         sm_margin: int = 0) -> tuple[Tensor, AttnForwardMeta]:
-    """The torch half of ``magiattn.flex_flash_attn_func`` (differentiable in q, k, v, sink)."""
-    _check_qkv(q=q, k=k, v=v)
-    q_ranges = _int_tensor(q_ranges, "q_ranges")
-    op = torch.ops.magiattn.ffa_forward if _compiling() else _FFAForward.apply
-    out, lse, max_logits = op(
-        q, k, v, q_ranges, _int_tensor(k_ranges, "k_ranges"),
-        _type_tensor(attn_type_map, q_ranges.shape[0]), sink, sink_layout,
-        None if softmax_scale is None else float(softmax_scale), float(softcap),
-        bool(deterministic), bool(return_max_logits), int(sm_margin))
+                         attn_type_map: Any, sink: Optional[Tensor], sink_layout: str,
+                         softmax_scale: Optional[float], softcap: float, deterministic: bool,
+                         return_max_logits: bool, sm_margin: int
+                         ) -> tuple[Tensor, AttnForwardMeta]:
+    """The torch half of ``magiattn.flex_flash_attn_func`` (differentiable in q, k, v, sink).
+    Runs on every call of a training loop: plain checks, no helper calls on the common path."""
+    if not (q.__class__ is Tensor and k.__class__ is Tensor and v.__class__ is Tensor
+            and q.dim() == 3 and k.dim() == 3 and v.dim() == 3):
+        _check_qkv(q=q, k=k, v=v)
+    if not (q_ranges.__class__ is Tensor and not q_ranges.is_floating_point()):
+        q_ranges = _int_tensor(q_ranges, "q_ranges")
+    if not (k_ranges.__class__ is Tensor and not k_ranges.is_floating_point()):
+        k_ranges = _int_tensor(k_ranges, "k_ranges")
+    if attn_type_map is not None and attn_type_map.__class__ is not Tensor:
+        attn_type_map = _type_tensor(attn_type_map, q_ranges.shape[0])
+    if softmax_scale is not None:
+        softmax_scale = float(softmax_scale)
+    args = (q, k, v, q_ranges, k_ranges, attn_type_map, sink, sink_layout, softmax_scale,
+            float(softcap), bool(deterministic), bool(return_max_logits), sm_margin)
+    if torch.compiler.is_compiling():
+        out, lse, max_logits = torch.ops.magiattn.ffa_forward(*args)
+    else:
+        out, lse, max_logits = _FFAForward.apply(*args)
     return out, AttnForwardMeta(lse=lse, max_logits=max_logits if return_max_logits else None)
 
 

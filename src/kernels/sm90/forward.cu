@@ -177,6 +177,28 @@ struct StreamFree {
 
 }  // namespace
 
+CUresult encode_tiled(CUtensorMap* map, CUtensorMapDataType type, cuuint32_t rank, void* address,
+                      const cuuint64_t* dims, const cuuint64_t* strides, const cuuint32_t* box,
+                      const cuuint32_t* element_strides, CUtensorMapInterleave interleave,
+                      CUtensorMapSwizzle swizzle, CUtensorMapL2promotion l2,
+                      CUtensorMapFloatOOBfill oob) {
+  using Fn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                          const cuuint64_t*, const cuuint32_t*, const cuuint32_t*,
+                          CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion,
+                          CUtensorMapFloatOOBfill);
+  static const Fn fn = [] {
+    void* pfn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &pfn, 12000,
+                                                           cudaEnableDefault, &found);
+    return e == cudaSuccess && found == cudaDriverEntryPointSuccess ? reinterpret_cast<Fn>(pfn)
+                                                                    : nullptr;
+  }();
+  if (fn == nullptr) return CUDA_ERROR_NOT_FOUND;
+  return fn(map, type, rank, address, dims, strides, box, element_strides, interleave, swizzle,
+            l2, oob);
+}
+
 void forward(const Mask& mask, const PreparedMask* prepared, const FwdArgs& a, const Resolved& r,
              int sm_margin, std::uintptr_t stream_handle) {
   const Dims& dm = r.dims;

@@ -37,6 +37,8 @@
 // waited on every earlier use of a buffer waits on it, and its warp follows it.
 #pragma once
 
+#include "tma_encode.h"  // first: before CUTLASS sees the driver call
+
 #include <cuda_runtime.h>
 
 #include <cfloat>
