@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU test command (run it on the GPU machine): configure and build build/gpu with the sm90
 # kernels, run every CTest test labelled `gpu`, then, when compute-sanitizer is installed, run
-# a few small cases of the test binary under its memcheck, racecheck and synccheck tools.
+# a few small cases of the forward test under its memcheck, racecheck and synccheck tools, and
+# the prepared-mask test under memcheck and synccheck.
 #
 #   MAGI_CUDA_KERNELS    all (default) | ci (bf16/D128 only: one CUDA translation unit)
 #   MAGI_CUTLASS_DIR     CUTLASS include dir; else scripts/cutlass.sh fetches the pinned wheel's
@@ -74,6 +75,17 @@ if command -v compute-sanitizer >/dev/null; then
     tests=$(grep -E '^\[  (PASSED|FAILED)  \]' "$log" | head -n 1 || true)
     echo "[gpu_test] $tool on $filter: ${summary:-no summary} | ${tests:-no gtest result}" \
          "| exit $rc (log $log)"
+    [ "$rc" -eq 0 ] || status=1
+  done
+  # The prepared-mask tests (work lists resident on the device, CUDA graph capture and replay),
+  # whole, under memcheck and synccheck.
+  for tool in memcheck synccheck; do
+    log="$build/sanitizer_prepared_$tool.log"
+    rc=0
+    timeout "$sanitize_timeout" compute-sanitizer --tool "$tool" --error-exitcode 99 \
+      "$build/tests/gpu/sm90_prepared_test" >"$log" 2>&1 || rc=$?
+    echo "[gpu_test] $tool on sm90_prepared_test: $(grep -E 'ERROR SUMMARY' "$log" | tail -n 1 |
+         sed 's/^=* *//') | exit $rc (log $log)"
     [ "$rc" -eq 0 ] || status=1
   done
 else

@@ -63,6 +63,13 @@ def _workspace(index: int, stream: int, need: int, device: torch.device) -> Tens
     return ws
 
 
+@functools.lru_cache(maxsize=64)
+def _no_max_logits(device: torch.device, dtype: torch.dtype) -> Tensor:
+    """The [0] max_logits of a call that did not ask for them: one shared empty tensor per
+    device and dtype (an allocation costs as much host time as the kernel launch)."""
+    return torch.empty((0,), dtype=dtype, device=device)
+
+
 def _forward_impl(q: Tensor, k: Tensor, v: Tensor, q_ranges: Tensor, k_ranges: Tensor,
                   attn_type_map: Optional[Tensor], sink: Optional[Tensor], sink_layout: str,
                   softmax_scale: Optional[float], softcap: float, deterministic: bool,
@@ -75,8 +82,8 @@ def _forward_impl(q: Tensor, k: Tensor, v: Tensor, q_ranges: Tensor, k_ranges: T
     device = q.device
     out = torch.empty(q.shape, dtype=q.dtype, device=device)
     lse = torch.empty(q.shape[:2], dtype=compute, device=device)
-    max_logits = torch.empty((q.shape[1] if return_max_logits else 0,), dtype=compute,
-                             device=device)
+    max_logits = (torch.empty((q.shape[1],), dtype=compute, device=device) if return_max_logits
+                  else _no_max_logits(device, compute))
     if q.is_cuda:
         index = q.get_device()
         stream = torch._C._cuda_getCurrentRawStream(index)
