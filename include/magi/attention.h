@@ -45,6 +45,20 @@ struct Workspace {
   std::size_t bytes = 0;
 };
 
+// The caller's range tensors as they live in device memory (GPU calls on a prepared mask):
+// q and k ranges [N, 2] and types [N] (null: all full), contiguous int32 or int64. Each call
+// compares them, on the device, with the slices the mask was prepared from; any difference (a
+// write the caller's cache could not see, a CUDA graph replayed after the ranges changed)
+// makes every out, lse and max_logits element NaN rather than a result for stale ranges.
+struct DeviceRanges {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* types = nullptr;
+  int range_bytes = 4;  // element size of q and k: 4 or 8
+  int type_bytes = 4;   // element size of types: 4 or 8
+  std::int64_t count = 0;
+};
+
 struct FwdArgs {
   TensorView q, k, v;
   TensorView out;                // [Nq, Hq, D], any float type (compute type if accumulate)
@@ -55,6 +69,7 @@ struct FwdArgs {
   // attn_forward_workspace_bytes(Nk, Hkv) bytes, 16-byte aligned, on q's device, not used by
   // another call in flight. Absent: allocated on the stream per call (cudaMallocAsync).
   std::optional<Workspace> workspace = std::nullopt;
+  std::optional<DeviceRanges> device_ranges = std::nullopt;  // GPU + PreparedMask only
 };
 
 struct BwdArgs {

@@ -70,6 +70,28 @@ def _no_max_logits(device: torch.device, dtype: torch.dtype) -> Tensor:
     return torch.empty((0,), dtype=dtype, device=device)
 
 
+_RANGE_DTYPES = (torch.int32, torch.int64)
+
+
+def _device_ranges(index: int, q_ranges: Tensor, k_ranges: Tensor,
+                   attn_type_map: Optional[Tensor]) -> Optional[tuple]:
+    """The CUDA range tensors' pointers for the kernel's check against the prepared mask
+    (attention.h DeviceRanges): a write that torch's version counter missed, or a CUDA graph
+    replayed after the ranges changed, then gives NaN instead of a result for stale ranges.
+    None (no check) for layouts the check does not read: other dtypes, strides or devices."""
+    tm = attn_type_map
+    if not (k_ranges.is_cuda and q_ranges.dtype is k_ranges.dtype
+            and q_ranges.dtype in _RANGE_DTYPES and q_ranges.is_contiguous()
+            and k_ranges.is_contiguous() and q_ranges.get_device() == index
+            and k_ranges.get_device() == index):
+        return None
+    if tm is not None and not (tm.is_cuda and tm.dtype in _RANGE_DTYPES and tm.is_contiguous()
+                               and tm.get_device() == index):
+        return None
+    return (q_ranges.data_ptr(), k_ranges.data_ptr(), 0 if tm is None else tm.data_ptr(),
+            q_ranges.element_size(), 4 if tm is None else tm.element_size(), q_ranges.shape[0])
+
+
 def _forward_impl(q: Tensor, k: Tensor, v: Tensor, q_ranges: Tensor, k_ranges: Tensor,
                   attn_type_map: Optional[Tensor], sink: Optional[Tensor], sink_layout: str,
                   softmax_scale: Optional[float], softcap: float, deterministic: bool,
@@ -80,21 +102,24 @@ def _forward_impl(q: Tensor, k: Tensor, v: Tensor, q_ranges: Tensor, k_ranges: T
     pm = prepared_mask(q.shape[0], k.shape[0], q_ranges, k_ranges, attn_type_map)
     compute = torch.float64 if q.dtype == torch.float64 else torch.float32
     device = q.device
-    out = torch.empty(q.shape, dtype=q.dtype, device=device)
-    lse = torch.empty(q.shape[:2], dtype=compute, device=device)
+    out = q.new_empty(q.shape)  # contiguous, q's dtype and device (new_empty: the cheapest)
+    lse = q.new_empty(q.shape[:2], dtype=compute)
     max_logits = (torch.empty((q.shape[1],), dtype=compute, device=device) if return_max_logits
                   else _no_max_logits(device, compute))
+    ranges = None
     if q.is_cuda:
         index = q.get_device()
         stream = torch._C._cuda_getCurrentRawStream(index)
         workspace = _workspace(index, stream, _workspace_bytes(k.shape[0], k.shape[1]), device)
+        if q_ranges.is_cuda:
+            ranges = _device_ranges(index, q_ranges, k_ranges, attn_type_map)
     else:
         workspace, stream = None, 0
     args = (_capsule(q), _capsule(k), _capsule(v), pm, _capsule(out), _capsule(lse),
             None if workspace is None else _capsule(workspace),
             None if sink is None else _capsule(sink),
             _capsule(max_logits) if return_max_logits else None, softmax_scale, softcap,
-            sink_layout, deterministic, sm_margin, stream)
+            sink_layout, deterministic, sm_margin, stream, ranges)
     if workspace is not None and workspace is _scratch.get((index, stream)):
         with _scratch_lock:  # two threads on one stream must not interleave on one workspace
             _C.forward_prepared(*args)

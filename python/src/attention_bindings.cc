@@ -4,9 +4,11 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 
 #include <optional>
 #include <string>
+#include <tuple>
 
 #include "arrays.h"
 #include "bindings.h"
@@ -45,19 +47,30 @@ void backward(nb::handle dout, nb::handle q, nb::handle k, nb::handle v, nb::han
   attn_backward(mask, a, opts);
 }
 
+// (q, k, types data pointers (types 0: none), range element bytes, type element bytes, count)
+using RangePointers =
+    std::tuple<std::uintptr_t, std::uintptr_t, std::uintptr_t, int, int, std::int64_t>;
+
 // The per-call path of the torch front (functional.py's cache hit): positional arguments, the
 // tensors as DLPack capsules, the workspace as a uint8 CUDA tensor (torch's caching allocator).
 void forward_prepared(nb::handle q, nb::handle k, nb::handle v, const PreparedMask& mask,
                       nb::handle out, nb::handle lse, nb::handle workspace, nb::handle sink,
                       nb::handle max_logits, std::optional<double> softmax_scale, double softcap,
                       const std::string& sink_layout, bool deterministic, int sm_margin,
-                      std::uintptr_t cuda_stream) {
+                      std::uintptr_t cuda_stream, const std::optional<RangePointers>& ranges) {
   AttnOptions opts = attn_options(softmax_scale, softcap, sink_layout, false, deterministic, 0,
                                   sm_margin);
   opts.cuda_stream = cuda_stream;
   TensorArgs t;
   FwdArgs a = fwd_args(t, q, k, v, out, lse, sink, max_logits);
   if (!workspace.is_none()) a.workspace = t.bytes(workspace, "workspace", a.q.device_idx);
+  if (ranges) {
+    const auto& [q_ptr, k_ptr, types_ptr, range_bytes, type_bytes, count] = *ranges;
+    a.device_ranges = DeviceRanges{reinterpret_cast<const void*>(q_ptr),
+                                   reinterpret_cast<const void*>(k_ptr),
+                                   reinterpret_cast<const void*>(types_ptr), range_bytes,
+                                   type_bytes, count};
+  }
   nb::gil_scoped_release release;
   attn_forward(mask, a, opts);
 }
@@ -87,8 +100,12 @@ void bind_attention(nb::module_& m) {
   m.def("forward_prepared", &forward_prepared, "q"_a, "k"_a, "v"_a, "mask"_a, "out"_a, "lse"_a,
         "workspace"_a.none(), "sink"_a.none(), "max_logits"_a.none(), "softmax_scale"_a.none(),
         "softcap"_a, "sink_layout"_a, "deterministic"_a, "sm_margin"_a, "cuda_stream"_a,
+        "device_ranges"_a.none() = nb::none(),
         "forward on a PreparedMask (positional; see forward); workspace: None or a uint8 "
-        "tensor of forward_workspace_bytes(Nk, Hkv) bytes on q's device");
+        "tensor of forward_workspace_bytes(Nk, Hkv) bytes on q's device; device_ranges: None "
+        "or (q_ranges ptr, k_ranges ptr, types ptr or 0, range bytes, type bytes, count) of "
+        "the caller's CUDA range tensors, compared on the device with the prepared ones (a "
+        "difference makes out and lse NaN)");
   m.def("forward_workspace_bytes", &attn_forward_workspace_bytes, "num_k"_a, "heads_kv"_a,
         "bytes of the GPU forward's per-call workspace");
   m.def("backward", &backward, "dout"_a, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "dq"_a, "dk"_a,

@@ -291,6 +291,8 @@ void validate_backward(const Mask& mask, const BwdArgs& a, const AttnOptions& op
 
 void attn_forward(const Mask& mask, const FwdArgs& a, const AttnOptions& opts) {
   const kernels::Resolved r = check_forward_args(mask, a, opts);
+  MAGI_CHECK(!a.device_ranges, "device_ranges: only with a PreparedMask (the ranges it was "
+             "prepared from are what they are checked against)");
 #ifdef MAGI_HAS_SM90
   if (on_gpu(a.q))
     return kernels::sm90::forward(mask, nullptr, a, r, opts.sm_margin, opts.cuda_stream);
@@ -300,6 +302,17 @@ void attn_forward(const Mask& mask, const FwdArgs& a, const AttnOptions& opts) {
 
 void attn_forward(const PreparedMask& pm, const FwdArgs& a, const AttnOptions& opts) {
   const kernels::Resolved r = check_forward_args(pm.mask(), a, opts);
+  if (a.device_ranges) {
+    const DeviceRanges& d = *a.device_ranges;
+    MAGI_CHECK(on_gpu(a.q), "device_ranges: only for GPU calls (q is on ", device_name(a.q), ")");
+    MAGI_CHECK(d.count == std::int64_t(pm.mask().size()), "device_ranges: ", d.count,
+               " slices but the prepared mask has ", pm.mask().size());
+    MAGI_CHECK((d.range_bytes == 4 || d.range_bytes == 8) && (d.type_bytes == 4 || d.type_bytes == 8),
+               "device_ranges: element sizes ", d.range_bytes, " / ", d.type_bytes,
+               " are not 4 or 8 bytes (int32 or int64)");
+    MAGI_CHECK(d.count == 0 || (d.q != nullptr && d.k != nullptr),
+               "device_ranges: null q or k ranges for ", d.count, " slices");
+  }
 #ifdef MAGI_HAS_SM90
   if (on_gpu(a.q))
     return kernels::sm90::forward(pm.mask(), &pm, a, r, opts.sm_margin, opts.cuda_stream);

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -180,6 +181,75 @@ TEST(Sm90Prepared, BadWorkspacesAreErrorsNamingIt) {
   EXPECT_NE(message(Workspace{nullptr, need}).find("workspace"), std::string::npos);
   EXPECT_EQ(message(Workspace{ws.get(), need}), "");
   sync("good workspace");
+}
+
+// The caller's ranges on the device, int32 [N, 2] q, [N, 2] k, [N] types, from a mask's slices.
+struct DeviceSlices {
+  DeviceMem q, k, t;
+  std::int64_t n;
+  explicit DeviceSlices(const Mask& m)
+      : q(16 * m.size() + 16), k(16 * m.size() + 16), t(8 * m.size() + 16), n(std::int64_t(m.size())) {
+    std::vector<std::int32_t> qs, ks, ts;
+    for (const Slice& sl : m.slices()) {
+      qs.insert(qs.end(), {std::int32_t(sl.q_range.start), std::int32_t(sl.q_range.end)});
+      ks.insert(ks.end(), {std::int32_t(sl.k_range.start), std::int32_t(sl.k_range.end)});
+      ts.push_back(std::int32_t(sl.type));
+    }
+    put(q, qs);
+    put(k, ks);
+    put(t, ts);
+  }
+  static void put(DeviceMem& d, const std::vector<std::int32_t>& v) {
+    std::vector<unsigned char> bytes(d.bytes(), 0);
+    std::memcpy(bytes.data(), v.data(), v.size() * sizeof(std::int32_t));
+    d.upload(bytes);
+  }
+  DeviceRanges view() const { return DeviceRanges{q.get(), k.get(), t.get(), 4, 4, n}; }
+};
+
+TEST(Sm90Prepared, DeviceRangesThatDifferFromThePreparedOnesGiveNan) {
+  REQUIRE_GPU();
+  const Mask mask = documents(13, 1200);
+  Case c;
+  const Problem p = make_problem(mask, c, 14);
+  const PreparedMask pm(mask);
+  GpuCall plain(p, c);
+  attn_forward(pm, plain.args(), c.opts);
+  const FwdResult want = plain.result();
+  const DeviceSlices same(mask);
+  GpuCall checked(p, c);
+  FwdArgs a = checked.args();
+  a.device_ranges = same.view();
+  attn_forward(pm, a, c.opts);
+  EXPECT_TRUE(same_bits(checked.result(), want)) << "matching ranges must change nothing";
+
+  // Other ranges than the prepared ones (one slice's end moved, or one type): all NaN.
+  std::vector<Slice> moved = mask.slices();
+  moved.back().q_range.end -= 1;
+  std::vector<Slice> retyped = mask.slices();
+  retyped.front().type = retyped.front().type == MaskType::kCausal ? MaskType::kFull
+                                                                   : MaskType::kCausal;
+  for (const auto& other : {moved, retyped}) {
+    const DeviceSlices stale(Mask(mask.total_seqlen_q(), mask.total_seqlen_k(), other));
+    GpuCall g(p, c);
+    FwdArgs b = g.args();
+    b.device_ranges = stale.view();
+    attn_forward(pm, b, c.opts);
+    const FwdResult got = g.result();
+    std::size_t finite = 0;
+    for (double x : got.out) finite += !std::isnan(x);
+    for (double x : got.lse) finite += !std::isnan(x);
+    for (double x : got.max_logits) finite += !std::isnan(x);
+    EXPECT_EQ(finite, 0u) << "stale ranges must make every out, lse and max_logits NaN";
+  }
+  // Validation: the count must be the prepared mask's, and only prepared calls take them.
+  DeviceRanges wrong = same.view();
+  wrong.count += 1;
+  a.device_ranges = wrong;
+  EXPECT_THROW(attn_forward(pm, a, c.opts), Error);
+  a.device_ranges = same.view();
+  EXPECT_THROW(attn_forward(mask, a, c.opts), Error);
+  sync("device ranges");
 }
 
 }  // namespace

@@ -150,3 +150,39 @@ def test_bad_workspace_is_an_error_naming_it(gpu_built):
         with pytest.raises(ValueError, match=match):
             _C.forward_prepared(q, k, v, pm, out, lse, ws, None, None, None, 0.0, "sh", False,
                                 0, stream)
+
+
+def test_graph_replayed_after_the_ranges_changed_gives_nan(gpu_built):
+    """A captured graph keeps the mask it was captured with; the kernel compares the range
+    tensors it reads on every replay with that mask, so other ranges give NaN, not a result
+    for the old mask."""
+    n = 1024
+    qr, kr, tm = ranges_of(masks.build_family("varlen-causal", n, seed=12))
+    q, k, v = qkv(n, seed=13)
+    magiattn.flex_flash_attn_func(q, k, v, qr, kr, tm)  # warm-up
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, meta = magiattn.flex_flash_attn_func(q, k, v, qr, kr, tm)
+    graph.replay()
+    want, want_meta = fresh(q, k, v, qr, kr, tm)
+    assert torch.equal(out, want) and torch.equal(meta.lse, want_meta.lse)
+    saved = qr.clone()
+    qr[-1, 1] -= 1  # another mask in the same tensor
+    graph.replay()
+    assert torch.isnan(out.float()).all() and torch.isnan(meta.lse).all()
+    qr.copy_(saved)
+    graph.replay()
+    assert torch.equal(out, want) and torch.equal(meta.lse, want_meta.lse)
+
+
+def test_write_the_version_counter_misses_gives_nan(gpu_built):
+    n = 512
+    qr, kr, tm = ranges_of(masks.causal(n, n))
+    q, k, v = qkv(n, seed=14)
+    magiattn.flex_flash_attn_func(q, k, v, qr, kr, tm)
+    version = qr._version
+    qr.data[0, 1] = 300  # .data has its own version counter: the cache cannot see this
+    assert qr._version == version
+    out, meta = magiattn.flex_flash_attn_func(q, k, v, qr, kr, tm)
+    assert torch.isnan(out.float()).all() and torch.isnan(meta.lse).all()

@@ -36,8 +36,11 @@ __global__ void fill_kernel(float* x, int n, float value) {
 // One warp per (32 key rows, kv head): bit j of the word is set when row 32 * word + j of K or
 // of V holds a NaN or inf (docs/numerics.md). One read of K and V, about 1 % of a 32k causal
 // forward; words past the last row (the padding the kernel's unaligned reads touch) are 0.
+// With a RangeCheck, the warps of kv head 0 also compare the caller's device ranges with the
+// prepared copy and set *stale on any difference.
 template <bool kBf16>
-__global__ void flag_bad_rows(FwdParams p, int chunks, unsigned* flags, unsigned* any) {
+__global__ void flag_bad_rows(FwdParams p, int chunks, unsigned* flags, unsigned* any,
+                              RangeCheck rc) {
   const int word = int(blockIdx.x), head = int(blockIdx.y), lane = int(threadIdx.x);
   unsigned bits = 0;
   for (int i = lane; i < 32 * chunks; i += 32) {
@@ -51,6 +54,22 @@ __global__ void flag_bad_rows(FwdParams p, int chunks, unsigned* flags, unsigned
   bits = __reduce_or_sync(0xffffffffu, bits);
   if (lane == 0) flags[std::int64_t(head) * gridDim.x + word] = bits;
   if (lane == 0 && bits != 0u) atomicOr(&any[head], 1u);
+  if (rc.count == 0 || head != 0) return;
+  // Row 0 of the grid also compares the caller's ranges with the prepared ones, a slice a lane.
+  auto load = [](const void* base, int bytes, int i) {
+    return bytes == 8 ? static_cast<const long long*>(base)[i]
+                      : static_cast<long long>(static_cast<const int*>(base)[i]);
+  };
+  bool differs = false;
+  for (int i = word * 32 + lane; i < rc.count; i += int(gridDim.x) * 32) {
+    const std::int32_t* e = rc.expect + 5 * i;
+    differs |= load(rc.q, rc.range_bytes, 2 * i) != e[0] ||
+               load(rc.q, rc.range_bytes, 2 * i + 1) != e[1] ||
+               load(rc.k, rc.range_bytes, 2 * i) != e[2] ||
+               load(rc.k, rc.range_bytes, 2 * i + 1) != e[3] ||
+               (rc.types == nullptr ? 0 : load(rc.types, rc.type_bytes, i)) != e[4];
+  }
+  if (__any_sync(0xffffffffu, differs) && lane == 0) atomicOr(rc.stale, 1u);
 }
 
 using Launcher = cudaError_t (*)(const FwdParams&, int, std::int64_t, cudaStream_t);
@@ -98,21 +117,32 @@ class RelaxedCapture {
 
 constexpr std::size_t align16(std::size_t n) { return (n + 15) / 16 * 16; }
 
-// Tiles then pieces, as the kernel reads them.
+// Tiles then pieces, as the kernel reads them (then the slices, see work_image).
 struct WorkImage {
   std::vector<unsigned char> bytes;
-  std::size_t pieces_off = 0;
+  std::size_t pieces_off = 0, slices_off = 0;
   std::int32_t num_tiles = 0;
 };
 
-WorkImage work_image(const Mask& mask, int head_dim) {
+// Tiles, pieces, and (for a prepared mask) the slices as int32 (q0, q1, k0, k1, type) that
+// the pre-pass compares the caller's device ranges with.
+WorkImage work_image(const Mask& mask, int head_dim, bool with_slices) {
   const WorkList w = make_work_list(mask, fwd_block_m(head_dim), fwd_block_n(head_dim));
   WorkImage img;
   const std::size_t tiles_bytes = w.tiles.size() * sizeof(Tile);
   img.pieces_off = align16(tiles_bytes);
-  img.bytes.assign(img.pieces_off + w.pieces.size() * sizeof(Piece), 0);
+  img.slices_off = align16(img.pieces_off + w.pieces.size() * sizeof(Piece));
+  std::vector<std::int32_t> slices;
+  if (with_slices)
+    for (const Slice& sl : mask.slices())  // make_work_list checked the 32-bit range
+      slices.insert(slices.end(), {std::int32_t(sl.q_range.start), std::int32_t(sl.q_range.end),
+                                   std::int32_t(sl.k_range.start), std::int32_t(sl.k_range.end),
+                                   std::int32_t(sl.type)});
+  img.bytes.assign(img.slices_off + slices.size() * sizeof(std::int32_t), 0);
   std::memcpy(img.bytes.data(), w.tiles.data(), tiles_bytes);
   std::memcpy(img.bytes.data() + img.pieces_off, w.pieces.data(), w.pieces.size() * sizeof(Piece));
+  std::memcpy(img.bytes.data() + img.slices_off, slices.data(),
+              slices.size() * sizeof(std::int32_t));
   img.num_tiles = std::int32_t(w.tiles.size());
   return img;
 }
@@ -135,8 +165,9 @@ cudaStream_t upload_stream(int device) {
 class DeviceWork final : public PreparedState {
  public:
   DeviceWork(const Mask& mask, int device, int head_dim) {
-    WorkImage img = work_image(mask, head_dim);
+    WorkImage img = work_image(mask, head_dim, true);
     num_tiles_ = img.num_tiles;
+    slices_off_ = img.slices_off;
     bytes_ = std::max<std::size_t>(img.bytes.size(), 16);
     RelaxedCapture relaxed;
     MAGI_CUDA_CHECK(cudaMalloc(&dev_, bytes_), "prepared work list allocation");
@@ -158,10 +189,14 @@ class DeviceWork final : public PreparedState {
     return reinterpret_cast<const Piece*>(static_cast<const unsigned char*>(dev_) + pieces_off_);
   }
   std::int32_t num_tiles() const { return num_tiles_; }
+  const std::int32_t* slices() const {
+    return reinterpret_cast<const std::int32_t*>(static_cast<const unsigned char*>(dev_) +
+                                                 slices_off_);
+  }
 
  private:
   void* dev_ = nullptr;
-  std::size_t bytes_ = 0, pieces_off_ = 0;
+  std::size_t bytes_ = 0, pieces_off_ = 0, slices_off_ = 0;
   std::int32_t num_tiles_ = 0;
 };
 
@@ -254,13 +289,15 @@ void forward(const Mask& mask, const PreparedMask* prepared, const FwdArgs& a, c
   const FwdWorkspaceLayout ws = fwd_workspace_layout(dm.num_k, dm.heads_kv);
   const int d = int(dm.head_dim);
   WorkImage img;
+  const std::int32_t* expect = nullptr;
   if (prepared != nullptr) {
     const auto& work = static_cast<const DeviceWork&>(prepared->state(
         device, fwd_block_m(d) << 16 | fwd_block_n(d),
         [&] { return std::make_unique<DeviceWork>(mask, device, d); }));
     p.tiles = work.tiles(), p.pieces = work.pieces(), p.num_tiles = work.num_tiles();
+    expect = work.slices();
   } else {
-    img = work_image(mask, d);
+    img = work_image(mask, d, false);
     p.num_tiles = img.num_tiles;
   }
   const bool own_scratch = !a.workspace.has_value();
@@ -283,12 +320,20 @@ void forward(const Mask& mask, const PreparedMask* prepared, const FwdArgs& a, c
   auto* flags = reinterpret_cast<unsigned*>(scratch + ws.flags_off);
   auto* any = reinterpret_cast<unsigned*>(scratch + ws.any_off);
   p.bad_rows = flags, p.bad_any = any, p.bad_words = ws.bad_words;
+  RangeCheck rc;
+  if (a.device_ranges && expect != nullptr) {
+    const DeviceRanges& dr = *a.device_ranges;
+    rc = RangeCheck{dr.q, dr.k, dr.types, dr.range_bytes, dr.type_bytes,
+                    std::int32_t(dr.count), expect,
+                    reinterpret_cast<unsigned*>(scratch + ws.stale_off)};
+    p.stale = rc.stale;
+  }
   const dim3 flag_grid(unsigned(ws.bad_words), unsigned(dm.heads_kv));
   const int chunks = int(dm.head_dim / 8);
   if (a.k.dtype == DType::kBF16)
-    flag_bad_rows<true><<<flag_grid, 32, 0, stream>>>(p, chunks, flags, any);
+    flag_bad_rows<true><<<flag_grid, 32, 0, stream>>>(p, chunks, flags, any, rc);
   else
-    flag_bad_rows<false><<<flag_grid, 32, 0, stream>>>(p, chunks, flags, any);
+    flag_bad_rows<false><<<flag_grid, 32, 0, stream>>>(p, chunks, flags, any, rc);
   MAGI_CUDA_CHECK(cudaGetLastError(), "row flag launch");
 
   const std::int64_t items = std::int64_t(p.num_tiles) * dm.heads_q;

@@ -610,10 +610,14 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
     float lse_out[kRows];
     std::int64_t o_base[kRows];   // -1: a row past the end
     bool any_nan = false;         // a row of this thread is NaN (max_logits)
+    // Ranges that differ from the prepared ones (FwdParams::stale): every row NaN, as a row
+    // that read a NaN.
+    const bool stale = p.stale != nullptr && *p.stale != 0u;
     CUTE_UNROLL
     for (int i = 0; i < kRows; ++i) {
       const int row = q0 + get<0>(cO(i, 0));
-      const float l_tot = detail::quad_sum(l[i]);  // NaN: the row read a NaN/inf
+      const float l_sum = detail::quad_sum(l[i]);  // NaN: the row read a NaN/inf
+      const float l_tot = stale ? __int_as_float(0x7fffffff) : l_sum;
       float lse = l_tot == 0.f ? -INFINITY : (m[i] * su + log2f(l_tot)) * kLn2;
       w[i] = l_tot == 0.f ? 0.f : 1.f / l_tot;
       keep[i] = 0.f;

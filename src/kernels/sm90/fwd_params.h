@@ -31,11 +31,12 @@ constexpr int fwd_block_n(int head_dim) {
 inline constexpr int kBadWords = 4;
 
 // The per-call workspace (attention.h FwdArgs::workspace), 16-byte aligned pieces: the
-// scheduler's counter, one "any flagged row" word per kv head, then bad_words row-flag words
-// per kv head (one bit per key row, kBadWords + 1 words of padding for the blocks' reads).
-// The first flags_off bytes are zeroed per call; the flags are written by the pre-pass.
+// scheduler's counter and the stale-ranges word (4 bytes each), one "any flagged row" word per
+// kv head, then bad_words row-flag words per kv head (one bit per key row, kBadWords + 1 words
+// of padding for the blocks' reads). The first flags_off bytes are zeroed per call; the rest
+// is written by the pre-pass.
 struct FwdWorkspaceLayout {
-  std::size_t any_off = 16, flags_off = 0, bytes = 0;
+  std::size_t stale_off = 4, any_off = 16, flags_off = 0, bytes = 0;
   std::int32_t bad_words = 0;
 };
 constexpr FwdWorkspaceLayout fwd_workspace_layout(std::int64_t num_k, std::int64_t heads_kv) {
@@ -74,6 +75,20 @@ struct FwdParams {
   const unsigned* bad_rows = nullptr;
   const unsigned* bad_any = nullptr;
   std::int32_t bad_words = 0;
+  // Nonzero when the caller's device ranges differ from the prepared ones (the pre-pass
+  // compares them, attention.h DeviceRanges): every out, lse and max_logits element is NaN.
+  const unsigned* stale = nullptr;
+};
+
+// What the pre-pass compares: the caller's ranges and the prepared copy, int32 [N][5] (q0, q1,
+// k0, k1, type) per slice.
+struct RangeCheck {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* types = nullptr;  // null: every slice full
+  std::int32_t range_bytes = 4, type_bytes = 4, count = 0;
+  const std::int32_t* expect = nullptr;
+  unsigned* stale = nullptr;
 };
 
 }  // namespace magi::kernels::sm90
