@@ -84,6 +84,7 @@ void attn_forward(const Mask& mask, const FwdArgs& args, const AttnOptions& opts
 // first call per device and head dim, and reused after (prepared.h). Capturable in a CUDA
 // graph once prepared, with a workspace.
 void attn_forward(const PreparedMask& mask, const FwdArgs& args, const AttnOptions& opts = {});
+void attn_backward(const PreparedMask& mask, const BwdArgs& args, const AttnOptions& opts = {});
 // Bytes of FwdArgs::workspace for a GPU forward over num_k key tokens and heads_kv kv heads.
 std::size_t attn_forward_workspace_bytes(std::int64_t num_k, std::int64_t heads_kv);
 void attn_backward(const Mask& mask, const BwdArgs& args, const AttnOptions& opts = {});

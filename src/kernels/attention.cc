@@ -325,4 +325,8 @@ void attn_backward(const Mask& mask, const BwdArgs& a, const AttnOptions& opts) 
   kernels::cpu::backward(mask, a, r);
 }
 
+void attn_backward(const PreparedMask& pm, const BwdArgs& a, const AttnOptions& opts) {
+  attn_backward(pm.mask(), a, opts);  // the CPU backward keeps nothing per mask
+}
+
 }  // namespace magi

@@ -70,6 +70,35 @@ TEST(PreparedMask, CpuForwardEqualsTheMaskPathBitwise) {
   EXPECT_EQ(pm.num_states(), 0u);  // the CPU backend keeps nothing per mask
 }
 
+TEST(PreparedMask, CpuBackwardEqualsTheMaskPathBitwise) {
+  std::mt19937_64 rng(21);
+  const Mask mask = testing::packed_documents(rng, 200);
+  const oracle::Problem p = testing::random_problem(rng, 200, 200, 2, 1, 16, {}, 0);
+  const std::vector<double> q = p.q, k = p.k, v = p.v;
+  std::vector<double> out(q.size()), lse(400), dout(q.size(), 0.5);
+  auto view = [](std::vector<double>& x, std::initializer_list<std::int64_t> shape) {
+    return make_view(x.data(), DType::kF64, shape);
+  };
+  std::vector<double> qm = q, km = k, vm = v;
+  attn_forward(mask, FwdArgs{view(qm, {200, 2, 16}), view(km, {200, 1, 16}),
+                             view(vm, {200, 1, 16}), view(out, {200, 2, 16}),
+                             view(lse, {200, 2}), {}, {}});
+  const auto grads = [&](const auto& m) {
+    std::vector<double> dq(q.size()), dk(k.size()), dv(v.size());
+    attn_backward(m, BwdArgs{view(dout, {200, 2, 16}), view(qm, {200, 2, 16}),
+                             view(km, {200, 1, 16}), view(vm, {200, 1, 16}),
+                             view(out, {200, 2, 16}), view(lse, {200, 2}), view(dq, {200, 2, 16}),
+                             view(dk, {200, 1, 16}), view(dv, {200, 1, 16}), {}, {}});
+    dq.insert(dq.end(), dk.begin(), dk.end());
+    dq.insert(dq.end(), dv.begin(), dv.end());
+    return dq;
+  };
+  const PreparedMask pm(mask);
+  const std::vector<double> want = grads(mask), got = grads(pm);
+  ASSERT_EQ(want.size(), got.size());
+  EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(double)), 0);
+}
+
 TEST(PreparedMask, WorkspaceBytesGrowWithKeysAndHeads) {
   const std::size_t base = attn_forward_workspace_bytes(0, 1);
   EXPECT_GT(base, 0u);
