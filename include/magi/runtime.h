@@ -6,11 +6,14 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
+#include <vector>
 
 #include "magi/attention.h"
 #include "magi/comm.h"
 #include "magi/plan.h"
+#include "magi/prepared.h"
 #include "magi/tensor.h"
 
 namespace magi::runtime {
@@ -29,18 +32,39 @@ struct CalcStats {
   double wait_s = 0;     // blocked in wait(): communication compute did not hide
 };
 
+// One rank's masks of a plan (the host stage's slices and each remote stage's), validated and
+// prepared once (prepared.h): the calc_attn calls of a training step, every layer, forward
+// and backward, reuse them instead of building a Mask per stage per call, and on a GPU their
+// work lists stay on the device. A call given none builds its own.
+class PreparedRank {
+ public:
+  PreparedRank(const plan::DistPlan& plan, int rank);
+  int rank() const { return rank_; }
+  const PreparedMask& host() const { return *host_; }
+  const PreparedMask& stage(std::size_t s) const { return *stages_[s]; }
+  std::size_t num_stages() const { return stages_.size(); }
+  // Throws unless this was prepared from `plan`'s stages for `rank` (the same slices).
+  void check_matches(const plan::DistPlan& plan, int rank) const;
+
+ private:
+  int rank_;
+  std::unique_ptr<PreparedMask> host_;
+  std::vector<std::unique_ptr<PreparedMask>> stages_;
+};
+
 // Forward on local tensors (contiguous; out, lse, max_logits in the compute type). Collective.
 // The sink (if any) enters once, at the host stage; max_logits is reduced (max) over ranks.
 // opts.accumulate must be false.
 void calc_attn_forward(const plan::DistPlan& plan, comm::Communicator& comm, const FwdArgs& local,
-                       const AttnOptions& opts = {}, CalcStats* stats = nullptr);
+                       const AttnOptions& opts = {}, CalcStats* stats = nullptr,
+                       const PreparedRank* prepared = nullptr);
 // Backward on local tensors (contiguous; dq, dk, dv in the compute type). Collective.
 // dk/dv of rows fetched by other ranks are summed back to their owners (group_reduce).
 // dsink is this rank's partial (its own query rows): the caller sums it over ranks, like any
 // replicated parameter's gradient.
 void calc_attn_backward(const plan::DistPlan& plan, comm::Communicator& comm,
                         const BwdArgs& local, const AttnOptions& opts = {},
-                        CalcStats* stats = nullptr);
+                        CalcStats* stats = nullptr, const PreparedRank* prepared = nullptr);
 
 // The communication of calc_attn alone, stage after stage with nothing to hide it behind:
 // the K/V casts of the forward (and, with `backward`, the dK/dV reduces of zero partials into

@@ -169,6 +169,8 @@ class DistAttnRuntimeKey:
         # run into the communication timeout later and blame a "dead" rank.
         _lib().check_agree(comm._c, self._identity(),
                            "the key (mask, plan, dist_attn_config, heads, head_dim)")
+        # This rank's stage masks, validated and prepared once for every calc_attn call.
+        self._prepared = _lib().PreparedRank(plan, self.cp_rank)
         _live.add(self)
 
     def _identity(self) -> bytes:
@@ -402,14 +404,14 @@ def _forward_into(key: DistAttnRuntimeKey, q, k, v, out, lse, sink, max_logits,
                   softmax_scale: Optional[float], softcap: float) -> None:
     _lib().forward(key._plan, key.comm._c, q, k, v, out, lse, sink=sink, max_logits=max_logits,
                    softmax_scale=None if softmax_scale is None else float(softmax_scale),
-                   softcap=float(softcap))
+                   softcap=float(softcap), prepared=key._prepared)
 
 
 def _backward_into(key: DistAttnRuntimeKey, dout, q, k, v, out, lse, dq, dk, dv, sink, dsink,
                    softmax_scale: Optional[float], softcap: float, dsink_all_reduce_op: str):
     _lib().backward(key._plan, key.comm._c, dout, q, k, v, out, lse, dq, dk, dv, sink=sink,
                     dsink=dsink, softmax_scale=None if softmax_scale is None else
-                    float(softmax_scale), softcap=float(softcap))
+                    float(softmax_scale), softcap=float(softcap), prepared=key._prepared)
     if dsink is not None and dsink_all_reduce_op != "none":
         key.comm.all_reduce(dsink, "sum")
         if dsink_all_reduce_op == "avg":

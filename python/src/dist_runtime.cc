@@ -72,26 +72,27 @@ void roll(const DistPlan& p, Comm& c, nb::handle local_in, nb::handle local_out,
 
 void forward(const DistPlan& p, Comm& c, nb::handle q, nb::handle k, nb::handle v, nb::handle out,
              nb::handle lse, nb::handle sink, nb::handle max_logits,
-             std::optional<double> softmax_scale, double softcap, int num_threads) {
+             std::optional<double> softmax_scale, double softcap, int num_threads,
+             const runtime::PreparedRank* prepared) {
   const AttnOptions opts = attn_options(softmax_scale, softcap, "sh", false, false, num_threads);
   TensorArgs t;
   const FwdArgs a = fwd_args(t, q, k, v, out, lse, sink, max_logits);
   collective(c, "calc_attn", [&](comm::Communicator& mc) {
     check_local_rows(p, mc, {{&a.q, "q"}, {&a.k, "k"}, {&a.v, "v"}});
-    runtime::calc_attn_forward(p, mc, a, opts);  // validates before its first collective
+    runtime::calc_attn_forward(p, mc, a, opts, nullptr, prepared);  // validates first
   });
 }
 
 void backward(const DistPlan& p, Comm& c, nb::handle dout, nb::handle q, nb::handle k, nb::handle v,
               nb::handle out, nb::handle lse, nb::handle dq, nb::handle dk, nb::handle dv,
               nb::handle sink, nb::handle dsink, std::optional<double> softmax_scale,
-              double softcap, int num_threads) {
+              double softcap, int num_threads, const runtime::PreparedRank* prepared) {
   const AttnOptions opts = attn_options(softmax_scale, softcap, "sh", false, false, num_threads);
   TensorArgs t;
   const BwdArgs a = bwd_args(t, dout, q, k, v, out, lse, dq, dk, dv, sink, dsink);
   collective(c, "calc_attn backward", [&](comm::Communicator& mc) {
     check_local_rows(p, mc, {{&a.dout, "dout"}, {&a.q, "q"}, {&a.k, "k"}, {&a.v, "v"}});
-    runtime::calc_attn_backward(p, mc, a, opts);  // validates before its first collective
+    runtime::calc_attn_backward(p, mc, a, opts, nullptr, prepared);  // validates first
   });
 }
 
@@ -124,6 +125,12 @@ void barrier(Comm& c) {
 }  // namespace
 
 void bind_runtime(nb::module_& m) {
+  nb::class_<runtime::PreparedRank>(m, "PreparedRank",
+                                    "One rank's stage masks of a plan, validated and prepared "
+                                    "once (for forward/backward's `prepared`)")
+      .def(nb::init<const DistPlan&, int>(), "plan"_a, "rank"_a)
+      .def_prop_ro("rank", &runtime::PreparedRank::rank)
+      .def_prop_ro("num_stages", &runtime::PreparedRank::num_stages);
   m.def("dispatch", &dispatch, "plan"_a, "comm"_a, "x"_a, "local"_a,
         "This rank's rows of global x into `local` (no communication)");
   m.def("undispatch", &undispatch, "plan"_a, "comm"_a, "x"_a, "global_"_a,
@@ -133,11 +140,13 @@ void bind_runtime(nb::module_& m) {
   m.def("forward", &forward, "plan"_a, "comm"_a, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a,
         nb::kw_only(), "sink"_a.none() = nb::none(), "max_logits"_a.none() = nb::none(),
         "softmax_scale"_a.none() = nb::none(), "softcap"_a = 0.0, "num_threads"_a = 0,
-        "calc_attn forward on local rows (out, lse, max_logits in the compute type)");
+        "prepared"_a.none() = nb::none(),
+        "calc_attn forward on local rows (out, lse, max_logits in the compute type); prepared: "
+        "this rank's PreparedRank of the plan (else its masks are built per call)");
   m.def("backward", &backward, "plan"_a, "comm"_a, "dout"_a, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a,
         "dq"_a, "dk"_a, "dv"_a, nb::kw_only(), "sink"_a.none() = nb::none(),
         "dsink"_a.none() = nb::none(), "softmax_scale"_a.none() = nb::none(), "softcap"_a = 0.0,
-        "num_threads"_a = 0,
+        "num_threads"_a = 0, "prepared"_a.none() = nb::none(),
         "calc_attn backward on local rows (dq, dk, dv in the compute type; dsink partial)");
   m.def("all_reduce", &all_reduce, "comm"_a, "x"_a, "op"_a = "sum",
         "In-place sum or max over ranks of a contiguous float32/float64 array");

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -111,10 +112,44 @@ void timed(double* into, Fn&& fn) {
   *into += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// The caller's PreparedRank, checked against the plan, or one built for this call.
+const PreparedRank& prepared_for(const plan::DistPlan& plan, const comm::Communicator& comm,
+                                 const PreparedRank* given, std::optional<PreparedRank>& own) {
+  if (given != nullptr) {
+    given->check_matches(plan, comm.rank());
+    return *given;
+  }
+  return own.emplace(plan, comm.rank());
+}
+
 }  // namespace
 
+PreparedRank::PreparedRank(const plan::DistPlan& plan, int rank) : rank_(rank) {
+  MAGI_CHECK(rank >= 0 && rank < int(plan.ranks.size()), "PreparedRank: rank ", rank,
+             " is not in a plan for cp ", plan.ranks.size());
+  const plan::RankPlan& rp = plan.ranks[std::size_t(rank)];
+  const std::int64_t nl = plan.dispatch.rank_tokens(rank);
+  host_ = std::make_unique<PreparedMask>(Mask(nl, nl, rp.host_slices));
+  for (const plan::Stage& st : rp.stages)
+    stages_.push_back(
+        std::make_unique<PreparedMask>(Mask(nl, num_rows(st.remote_k_ranges), st.slices)));
+}
+
+void PreparedRank::check_matches(const plan::DistPlan& plan, int rank) const {
+  MAGI_CHECK(rank == rank_, "prepared: made for rank ", rank_, ", used on rank ", rank);
+  MAGI_CHECK(rank >= 0 && rank < int(plan.ranks.size()), "prepared: rank ", rank,
+             " is not in a plan for cp ", plan.ranks.size());
+  const plan::RankPlan& rp = plan.ranks[std::size_t(rank)];
+  bool same = rp.stages.size() == stages_.size() && rp.host_slices == host_->mask().slices() &&
+              host_->mask().total_seqlen_q() == plan.dispatch.rank_tokens(rank);
+  for (std::size_t s = 0; same && s < stages_.size(); ++s)
+    same = rp.stages[s].slices == stages_[s]->mask().slices() &&
+           num_rows(rp.stages[s].remote_k_ranges) == stages_[s]->mask().total_seqlen_k();
+  MAGI_CHECK(same, "prepared: its masks are not this plan's (prepared from another plan)");
+}
+
 void calc_attn_forward(const plan::DistPlan& plan, comm::Communicator& comm, const FwdArgs& a,
-                       const AttnOptions& opts, CalcStats* stats) {
+                       const AttnOptions& opts, CalcStats* stats, const PreparedRank* given) {
   double* compute_s = stats ? &stats->compute_s : nullptr;
   double* wait_s = stats ? &stats->wait_s : nullptr;
   const plan::RankPlan& rp = rank_plan(plan, comm);
@@ -126,11 +161,13 @@ void calc_attn_forward(const plan::DistPlan& plan, comm::Communicator& comm, con
   const std::int64_t nl = a.q.shape[0];
   // The kernel's own checks (dtype, head dim, sink) before the first collective.
   validate_forward(Mask(nl, nl, {}), a, opts);
+  std::optional<PreparedRank> own;
+  const PreparedRank& pr = prepared_for(plan, comm, given, own);
 
   Fetch next;
   if (!rp.stages.empty()) next = post_fetch(comm, rp.stages[0], a.k, a.v);
   if (nl > 0) {
-    timed(compute_s, [&] { attn_forward(Mask(nl, nl, rp.host_slices), a, opts); });
+    timed(compute_s, [&] { attn_forward(pr.host(), a, opts); });
   } else if (a.max_logits) {
     fill(*a.max_logits, -std::numeric_limits<double>::infinity());
   }
@@ -146,7 +183,7 @@ void calc_attn_forward(const plan::DistPlan& plan, comm::Communicator& comm, con
     sa.k = cur.k;
     sa.v = cur.v;
     sa.sink.reset();  // the sink joins each row's normaliser once, at the host stage
-    timed(compute_s, [&] { attn_forward(Mask(nl, cur.k.shape[0], st.slices), sa, acc); });
+    timed(compute_s, [&] { attn_forward(pr.stage(s), sa, acc); });
   }
   if (a.max_logits) {
     comm::WorkPtr w = comm.all_reduce(detail::rows_of(*a.max_logits, "max_logits"),
@@ -156,7 +193,7 @@ void calc_attn_forward(const plan::DistPlan& plan, comm::Communicator& comm, con
 }
 
 void calc_attn_backward(const plan::DistPlan& plan, comm::Communicator& comm, const BwdArgs& a,
-                        const AttnOptions& opts, CalcStats* stats) {
+                        const AttnOptions& opts, CalcStats* stats, const PreparedRank* given) {
   double* compute_s = stats ? &stats->compute_s : nullptr;
   double* wait_s = stats ? &stats->wait_s : nullptr;
   const plan::RankPlan& rp = rank_plan(plan, comm);
@@ -170,11 +207,13 @@ void calc_attn_backward(const plan::DistPlan& plan, comm::Communicator& comm, co
   const std::int64_t nl = a.q.shape[0];
   const comm::Rows dk_rows = detail::rows_of(a.dk, "dk"), dv_rows = detail::rows_of(a.dv, "dv");
   validate_backward(Mask(nl, nl, {}), a, opts);  // before the first collective, as forward
+  std::optional<PreparedRank> own;
+  const PreparedRank& pr = prepared_for(plan, comm, given, own);
 
   Fetch next;
   if (!rp.stages.empty()) next = post_fetch(comm, rp.stages[0], a.k, a.v);
   if (nl > 0) {
-    timed(compute_s, [&] { attn_backward(Mask(nl, nl, rp.host_slices), a, opts); });
+    timed(compute_s, [&] { attn_backward(pr.host(), a, opts); });
   } else if (a.dsink) {
     fill(*a.dsink, 0.0);
   }
@@ -201,7 +240,7 @@ void calc_attn_backward(const plan::DistPlan& plan, comm::Communicator& comm, co
       sa.dv = pdv;
       sa.sink.reset();  // dsink is a host-stage term only (as the sink is in the forward)
       sa.dsink.reset();
-      timed(compute_s, [&] { attn_backward(Mask(nl, nr, st.slices), sa, acc); });
+      timed(compute_s, [&] { attn_backward(pr.stage(s), sa, acc); });
     }
     const plan::GroupReduceArgs ra = plan::reduce_args(st.cast);
     comm::WorkPtr dk_work = comm.group_reduce(detail::rows_of(pdk, "dk partial"), dk_rows, ra,

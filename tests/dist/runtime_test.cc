@@ -470,5 +470,63 @@ TEST(Runtime, StatsAccountForComputeAndWaits) {
   EXPECT_GE(bwd, 0.0);
 }
 
+// A PreparedRank (the stage masks prepared once) gives the same bits as the masks built per
+// call, forward and backward; one made from another plan or for another rank is refused before
+// any collective.
+TEST(Runtime, PreparedRankMatchesPerCallMasksBitwise) {
+  comm::Communicator& comm = world();
+  const std::int64_t n = 24 * comm.size(), d = 8;
+  std::mt19937_64 rng(testing::test_seed() + 77);
+  const Mask mask = masks::varlen_causal(random_cu(rng, n));
+  plan::PlanOptions po;
+  po.dispatch.cp = comm.size();
+  po.dispatch.chunk_size = 4;
+  po.num_stages = 2;
+  const plan::DistPlan dp = plan::make_plan(mask, po);
+  const std::int64_t nl = dp.dispatch.rank_tokens(comm.rank());
+  std::vector<double> q(std::size_t(nl * 2 * d)), kv(std::size_t(nl * d));
+  for (double& x : q) x = std::normal_distribution<double>()(rng);
+  for (double& x : kv) x = std::normal_distribution<double>()(rng);
+  const runtime::PreparedRank pr(dp, comm.rank());
+  EXPECT_EQ(pr.num_stages(), dp.ranks[std::size_t(comm.rank())].stages.size());
+  const auto run = [&](const runtime::PreparedRank* prepared) {
+    std::vector<double> out(q.size()), lse(std::size_t(nl * 2)), dout(q.size(), 0.25);
+    std::vector<double> dq(q.size()), dk(kv.size()), dv(kv.size());
+    AttnOptions opts;
+    opts.num_threads = 1;
+    runtime::calc_attn_forward(dp, comm, {view(q, {nl, 2, d}), view(kv, {nl, 1, d}),
+                                          view(kv, {nl, 1, d}), view(out, {nl, 2, d}),
+                                          view(lse, {nl, 2}), std::nullopt, std::nullopt},
+                               opts, nullptr, prepared);
+    runtime::calc_attn_backward(dp, comm, {view(dout, {nl, 2, d}), view(q, {nl, 2, d}),
+                                           view(kv, {nl, 1, d}), view(kv, {nl, 1, d}),
+                                           view(out, {nl, 2, d}), view(lse, {nl, 2}),
+                                           view(dq, {nl, 2, d}), view(dk, {nl, 1, d}),
+                                           view(dv, {nl, 1, d}), std::nullopt, std::nullopt},
+                                opts, nullptr, prepared);
+    for (auto* x : {&lse, &dq, &dk, &dv}) out.insert(out.end(), x->begin(), x->end());
+    return out;
+  };
+  const std::vector<double> want = run(nullptr), got = run(&pr), again = run(&pr);
+  EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(double)), 0);
+  EXPECT_EQ(std::memcmp(want.data(), again.data(), want.size() * sizeof(double)), 0);
+
+  // Another plan's (other stage slices), or another rank's: refused on every rank alike.
+  plan::PlanOptions other = po;
+  other.num_stages = 1;
+  const plan::DistPlan dp1 = plan::make_plan(masks::full(n, n), other);
+  const runtime::PreparedRank wrong_plan(dp1, comm.rank());
+  std::vector<double> out(q.size()), lse(std::size_t(nl * 2));
+  const FwdArgs a{view(q, {nl, 2, d}), view(kv, {nl, 1, d}), view(kv, {nl, 1, d}),
+                  view(out, {nl, 2, d}), view(lse, {nl, 2}), std::nullopt, std::nullopt};
+  EXPECT_THROW(runtime::calc_attn_forward(dp, comm, a, {}, nullptr, &wrong_plan), magi::Error);
+  if (comm.size() > 1) {
+    const runtime::PreparedRank wrong_rank(dp, (comm.rank() + 1) % comm.size());
+    EXPECT_THROW(runtime::calc_attn_forward(dp, comm, a, {}, nullptr, &wrong_rank), magi::Error);
+  }
+  EXPECT_THROW(runtime::PreparedRank(dp, comm.size()), magi::Error);
+  EXPECT_NO_THROW(comm.barrier());
+}
+
 }  // namespace
 }  // namespace magi
