@@ -13,6 +13,7 @@
 #include "arrays.h"
 #include "bindings.h"
 #include "magi/attention.h"
+#include "magi/error.h"
 #include "options.h"
 
 namespace magi::py {
@@ -63,7 +64,10 @@ void forward_prepared(nb::handle q, nb::handle k, nb::handle v, const PreparedMa
   opts.cuda_stream = cuda_stream;
   TensorArgs t;
   FwdArgs a = fwd_args(t, q, k, v, out, lse, sink, max_logits);
-  if (!workspace.is_none()) a.workspace = t.bytes(workspace, "workspace", a.q.device_idx);
+  if (!workspace.is_none()) {
+    MAGI_CHECK(a.q.device == Device::kCUDA, "workspace: only for CUDA calls (q is on cpu)");
+    a.workspace = t.bytes(workspace, "workspace", a.q.device_idx);
+  }
   if (ranges) {
     const auto& [q_ptr, k_ptr, types_ptr, range_bytes, type_bytes, count] = *ranges;
     a.device_ranges = DeviceRanges{reinterpret_cast<const void*>(q_ptr),

@@ -304,14 +304,15 @@ void attn_forward(const PreparedMask& pm, const FwdArgs& a, const AttnOptions& o
   const kernels::Resolved r = check_forward_args(pm.mask(), a, opts);
   if (a.device_ranges) {
     const DeviceRanges& d = *a.device_ranges;
-    MAGI_CHECK(on_gpu(a.q), "device_ranges: only for GPU calls (q is on ", device_name(a.q), ")");
     MAGI_CHECK(d.count == std::int64_t(pm.mask().size()), "device_ranges: ", d.count,
                " slices but the prepared mask has ", pm.mask().size());
-    MAGI_CHECK((d.range_bytes == 4 || d.range_bytes == 8) && (d.type_bytes == 4 || d.type_bytes == 8),
+    const auto int_size = [](int b) { return b == 4 || b == 8; };
+    MAGI_CHECK(int_size(d.range_bytes) && int_size(d.type_bytes),
                "device_ranges: element sizes ", d.range_bytes, " / ", d.type_bytes,
                " are not 4 or 8 bytes (int32 or int64)");
     MAGI_CHECK(d.count == 0 || (d.q != nullptr && d.k != nullptr),
                "device_ranges: null q or k ranges for ", d.count, " slices");
+    MAGI_CHECK(on_gpu(a.q), "device_ranges: only for GPU calls (q is on ", device_name(a.q), ")");
   }
 #ifdef MAGI_HAS_SM90
   if (on_gpu(a.q))

@@ -146,7 +146,8 @@ def test_bad_workspace_is_an_error_naming_it(gpu_built):
     stream = torch.cuda.current_stream().cuda_stream
     for ws, match in ((torch.empty(need - 1, dtype=torch.uint8, device="cuda"), "workspace: "),
                       (torch.empty(need, dtype=torch.float32, device="cuda"), "uint8"),
-                      (torch.empty(need, dtype=torch.uint8), "CUDA tensor")):
+                      (torch.empty(need, dtype=torch.uint8), "CUDA tensor"),
+                      (torch.empty(2, need, dtype=torch.uint8, device="cuda"), "1-d")):
         with pytest.raises(ValueError, match=match):
             _C.forward_prepared(q, k, v, pm, out, lse, ws, None, None, None, 0.0, "sh", False,
                                 0, stream)

@@ -78,3 +78,18 @@ def test_float_ranges_are_an_error_naming_them():
     with pytest.raises(ValueError, match="q_ranges"):
         magiattn.flex_flash_attn_func(q, k, v, torch.tensor([[0.0, 8.0]]),
                                       torch.tensor([[0, 8]]))
+
+
+def test_forward_prepared_rejects_gpu_only_arguments_on_cpu():
+    q, k, v = (x.float() for x in qkv(16))
+    pm = functional.prepared_mask(16, 16, [[0, 16]], [[0, 16]])
+    out, lse = torch.empty_like(q), torch.empty(16, 2)
+    ws = torch.empty(64, dtype=torch.uint8)
+    with pytest.raises(ValueError, match=r"workspace: only for CUDA calls \(q is on cpu\)"):
+        _C.forward_prepared(q, k, v, pm, out, lse, ws, None, None, None, 0.0, "sh", False, 0, 0)
+    with pytest.raises(ValueError, match="device_ranges: 2 slices but the prepared mask has 1"):
+        _C.forward_prepared(q, k, v, pm, out, lse, None, None, None, None, 0.0, "sh", False, 0,
+                            0, (1, 1, 0, 4, 4, 2))
+    with pytest.raises(ValueError, match=r"device_ranges: only for GPU calls \(q is on cpu\)"):
+        _C.forward_prepared(q, k, v, pm, out, lse, None, None, None, None, 0.0, "sh", False, 0,
+                            0, (1, 1, 0, 4, 4, 1))

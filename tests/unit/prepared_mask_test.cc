@@ -8,6 +8,7 @@
 
 #include <cstring>
 #include <memory>
+#include <string>
 #include <random>
 #include <vector>
 
@@ -97,6 +98,49 @@ TEST(PreparedMask, CpuBackwardEqualsTheMaskPathBitwise) {
   const std::vector<double> want = grads(mask), got = grads(pm);
   ASSERT_EQ(want.size(), got.size());
   EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(double)), 0);
+}
+
+// DeviceRanges (the GPU's stale-range check): every field is checked, and a CPU call or a
+// plain-Mask call refuses them, each with an error naming device_ranges.
+TEST(PreparedMask, DeviceRangesAreValidated) {
+  const Mask mask = masks::causal(16, 16);
+  const PreparedMask pm(mask);
+  std::vector<float> q(16 * 8), out(16 * 8), lse(16);
+  const std::int32_t dummy[4] = {0, 16, 0, 16};
+  FwdArgs a{make_view(q.data(), DType::kF32, {16, 1, 8}),
+            make_view(q.data(), DType::kF32, {16, 1, 8}),
+            make_view(q.data(), DType::kF32, {16, 1, 8}),
+            make_view(out.data(), DType::kF32, {16, 1, 8}),
+            make_view(lse.data(), DType::kF32, {16, 1}), {}, {}};
+  const DeviceRanges ok{dummy, dummy + 2, nullptr, 4, 4, 1};
+  const auto message = [&](const auto& m, DeviceRanges d) -> std::string {
+    FwdArgs b = a;
+    b.device_ranges = d;
+    try {
+      attn_forward(m, b);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "";
+  };
+  DeviceRanges d = ok;
+  d.count = 2;
+  EXPECT_NE(message(pm, d).find("device_ranges: 2 slices but the prepared mask has 1"),
+            std::string::npos);
+  d = ok;
+  d.range_bytes = 2;
+  EXPECT_NE(message(pm, d).find("are not 4 or 8 bytes"), std::string::npos);
+  d = ok;
+  d.type_bytes = 16;
+  EXPECT_NE(message(pm, d).find("are not 4 or 8 bytes"), std::string::npos);
+  d = ok;
+  d.k = nullptr;
+  EXPECT_NE(message(pm, d).find("null q or k ranges"), std::string::npos);
+  EXPECT_NE(message(pm, ok).find("device_ranges: only for GPU calls (q is on cpu)"),
+            std::string::npos);
+  EXPECT_NE(message(mask, ok).find("device_ranges: only with a PreparedMask"), std::string::npos);
+  EXPECT_NE(message(pm, DeviceRanges{}).find("device_ranges: 0 slices but the prepared mask has 1"),
+            std::string::npos);
 }
 
 TEST(PreparedMask, WorkspaceBytesGrowWithKeysAndHeads) {
