@@ -5,8 +5,8 @@ without torch). The ops take the ranges as int tensors, so ``torch.compile`` see
 op per direction (fake impls give shapes and dtypes) and the mask is looked up in the shared
 cache at run time (functional.py: CUDA range tensors by identity, without reading them).
 Eager calls go through an ``autograd.Function`` with the same impl and autograd rule, which
-costs less host time than the custom op's dispatch. ``lse`` and ``max_logits`` are returned without
-gradient: backward differentiates ``out`` only (and the sink through it).
+costs less host time than the custom op's dispatch. ``lse`` and ``max_logits`` are returned
+without gradient: backward differentiates ``out`` only (and the sink through it).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from . import _C
-from .functional import AttnForwardMeta, _compiling, prepared_mask
+from .functional import AttnForwardMeta, prepared_mask
 
 _to_dlpack = torch.utils.dlpack.to_dlpack
 
@@ -100,7 +100,7 @@ def _forward_impl(q: Tensor, k: Tensor, v: Tensor, q_ranges: Tensor, k_ranges: T
     hit this does no device-to-host read, no device allocation outside torch's caching
     allocator and no host work that grows with the mask (so it is CUDA-graph capturable)."""
     pm = prepared_mask(q.shape[0], k.shape[0], q_ranges, k_ranges, attn_type_map)
-    compute = torch.float64 if q.dtype == torch.float64 else torch.float32
+    compute = _compute_dtype(q.dtype)
     device = q.device
     out = q.new_empty(q.shape)  # contiguous, q's dtype and device (new_empty: the cheapest)
     lse = q.new_empty(q.shape[:2], dtype=compute)

@@ -20,6 +20,12 @@
 namespace magi {
 namespace {
 
+template <class T>
+void expect_same_bits(const std::vector<T>& want, const std::vector<T>& got) {
+  ASSERT_EQ(want.size(), got.size());
+  EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(T)), 0);
+}
+
 struct Counted final : PreparedState {
   explicit Counted(std::size_t b) : bytes(b) {}
   std::size_t device_bytes() const override { return bytes; }
@@ -65,29 +71,27 @@ TEST(PreparedMask, CpuForwardEqualsTheMaskPathBitwise) {
     return out;
   };
   const PreparedMask pm(mask);
-  const std::vector<float> want = run(mask), got = run(pm);
-  ASSERT_EQ(want.size(), got.size());
-  EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(float)), 0);
+  expect_same_bits(run(mask), run(pm));
   EXPECT_EQ(pm.num_states(), 0u);  // the CPU backend keeps nothing per mask
 }
 
 TEST(PreparedMask, CpuBackwardEqualsTheMaskPathBitwise) {
   std::mt19937_64 rng(21);
   const Mask mask = testing::packed_documents(rng, 200);
-  const oracle::Problem p = testing::random_problem(rng, 200, 200, 2, 1, 16, {}, 0);
-  const std::vector<double> q = p.q, k = p.k, v = p.v;
+  oracle::Problem p = testing::random_problem(rng, 200, 200, 2, 1, 16, {}, 0);
+  std::vector<double>& q = p.q;
+  std::vector<double>& k = p.k;
+  std::vector<double>& v = p.v;
   std::vector<double> out(q.size()), lse(400), dout(q.size(), 0.5);
   auto view = [](std::vector<double>& x, std::initializer_list<std::int64_t> shape) {
     return make_view(x.data(), DType::kF64, shape);
   };
-  std::vector<double> qm = q, km = k, vm = v;
-  attn_forward(mask, FwdArgs{view(qm, {200, 2, 16}), view(km, {200, 1, 16}),
-                             view(vm, {200, 1, 16}), view(out, {200, 2, 16}),
-                             view(lse, {200, 2}), {}, {}});
+  attn_forward(mask, FwdArgs{view(q, {200, 2, 16}), view(k, {200, 1, 16}), view(v, {200, 1, 16}),
+                             view(out, {200, 2, 16}), view(lse, {200, 2}), {}, {}});
   const auto grads = [&](const auto& m) {
     std::vector<double> dq(q.size()), dk(k.size()), dv(v.size());
-    attn_backward(m, BwdArgs{view(dout, {200, 2, 16}), view(qm, {200, 2, 16}),
-                             view(km, {200, 1, 16}), view(vm, {200, 1, 16}),
+    attn_backward(m, BwdArgs{view(dout, {200, 2, 16}), view(q, {200, 2, 16}),
+                             view(k, {200, 1, 16}), view(v, {200, 1, 16}),
                              view(out, {200, 2, 16}), view(lse, {200, 2}), view(dq, {200, 2, 16}),
                              view(dk, {200, 1, 16}), view(dv, {200, 1, 16}), {}, {}});
     dq.insert(dq.end(), dk.begin(), dk.end());
@@ -95,9 +99,7 @@ TEST(PreparedMask, CpuBackwardEqualsTheMaskPathBitwise) {
     return dq;
   };
   const PreparedMask pm(mask);
-  const std::vector<double> want = grads(mask), got = grads(pm);
-  ASSERT_EQ(want.size(), got.size());
-  EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * sizeof(double)), 0);
+  expect_same_bits(grads(mask), grads(pm));
 }
 
 // DeviceRanges (the GPU's stale-range check): every field is checked, and a CPU call or a
