@@ -3,6 +3,9 @@ torch launch on the same host (2k causal, bf16, Hq:Hkv 32:8, D 128, CUDA range t
 
     python3 bench/host_breakdown.py
 
+"full call" takes the C++ front (magiattn._torch) where the package has it; "Python front"
+rows force the Python per-call path for comparison.
+
 Each line: perf_counter over 200 calls / 200, no synchronisation inside the loop (the GPU work
 of a 2k causal call is shorter than its host time, so the queue never fills).
 """
@@ -41,13 +44,31 @@ def main() -> None:
     cap = torch_ops._capsule
     qg = q.clone().requires_grad_(True)
     sdpa_in = [x.transpose(0, 1).unsqueeze(0) for x in (q, k, v)]
+    cpp = torch_ops._cpp
+
+    def python_front(fn):  # the same call with the torch front's per-call path in Python
+        def run():
+            torch_ops._cpp = None
+            try:
+                return fn()
+            finally:
+                torch_ops._cpp = cpp
+        return run
+
     rows = {
         "full call": lambda: magiattn.flex_flash_attn_func(q, k, v, qr, kr, tm),
         "full call, q requires grad": lambda: magiattn.flex_flash_attn_func(qg, k, v, qr, kr, tm),
+        "full call, Python front": python_front(
+            lambda: magiattn.flex_flash_attn_func(q, k, v, qr, kr, tm)),
+        "full call, Python front, q grad": python_front(
+            lambda: magiattn.flex_flash_attn_func(qg, k, v, qr, kr, tm)),
         "_forward_impl": lambda: torch_ops._forward_impl(q, k, v, qr, kr, tm, None, "sh", None,
                                                          0.0, False, False, 0),
         "custom op (torch.compile's path)": lambda: torch.ops.magiattn.ffa_forward(
             q, k, v, qr, kr, tm, None, "sh", None, 0.0, False, False, 0),
+        "_torch.forward (C++ front, no grad)": (lambda: cpp.forward(
+            q, k, v, qr, kr, tm, pm, None, "sh", None, 0.0, False, False, 0, stream, False))
+        if cpp is not None else (lambda: None),
         "prepared_mask (cache hit)": lambda: functional.prepared_mask(n, n, qr, kr, tm),
         "_C.forward_prepared, capsules": lambda: _C.forward_prepared(
             cap(q), cap(k), cap(v), pm, cap(out), cap(lse), cap(ws), None, None, None, 0.0, "sh",

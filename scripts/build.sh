@@ -35,6 +35,9 @@ if [ "$preset" != release ]; then
   exit 0
 fi
 
+# torch before the build: the package's magiattn._torch (the torch front's per-call path in
+# C++) is compiled against the torch it finds here.
+source scripts/torch_env.sh
 tests=${MAGI_BUILD_TESTS:-OFF}
 # The build backend and nanobind go into the target Python itself (no isolated build env), so
 # the paths build/release caches stay valid for the next incremental build.

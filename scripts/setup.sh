@@ -10,6 +10,5 @@ cd "$(dirname "$0")/.."
 export MAGI_NO_GPU_KERNELS=none
 scripts/build.sh release
 source scripts/python_env.sh
-source scripts/torch_env.sh
 [ "$python" = python3 ] || echo "[setup] Python environment: . build/venv/bin/activate"
 build/release/bin/magiattn run "$@"

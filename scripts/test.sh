@@ -4,8 +4,8 @@
 # one sm90 kernel variant so that CI catches CUDA build breaks) and run every CTest test (unit,
 # CLI, MPI), then the pytest suite on the package that build installed. MAGI_TEST_ASAN=1 also
 # builds and runs the C++ tests under AddressSanitizer + UBSan (the asan preset);
-# MAGI_TEST_LEVEL=full and MAGI_TEST_SEED pass through to both suites. torch: see
-# torch_env.sh (its tests are skipped, saying why, when it cannot be installed).
+# MAGI_TEST_LEVEL=full and MAGI_TEST_SEED pass through to both suites. torch: build.sh
+# sources torch_env.sh (its tests are skipped, saying why, when it cannot be installed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # The published histogram sits beside the project in this workplace; when present, the
@@ -25,5 +25,4 @@ $python -m pip install -q pytest matplotlib
 # Optional: one distributed test runs on cp groups that mpi4py splits (binary wheels load the
 # Open MPI that build.sh installs); without mpi4py that test is skipped.
 $python -m pip install -q mpi4py || echo "[test] mpi4py could not be installed: its test is skipped"
-source scripts/torch_env.sh
 $python -m pytest -q -p no:cacheprovider tests/python

@@ -143,12 +143,23 @@ def _raw_key(torch: Any, nq: int, nk: int, q: Any, k: Any, types: Any) -> Option
     return tuple(parts)
 
 
+_IDENTITY_CPU_DTYPES: tuple = ()  # torch.int32, torch.int64 once torch is imported
+
+
 def prepared_mask(total_seqlen_q: int, total_seqlen_k: int, q_ranges: Any, k_ranges: Any,
-                  attn_type_map: Any = None) -> Any:
+                  attn_type_map: Any = None, *, _cpu_by_identity: bool = False) -> Any:
     """The cached ``_C.PreparedMask`` of these ranges (see the cache notes above): CUDA range
-    tensors seen before are recognised without a device-to-host read."""
+    tensors seen before are recognised without a device-to-host read. With
+    ``_cpu_by_identity`` (magiattn._torch, which compares CPU ranges with the mask on every
+    call and raises StaleRanges on a difference), int32/int64 CPU tensors are recognised the
+    same way instead of by their bytes."""
+    global _IDENTITY_CPU_DTYPES
     torch = sys.modules.get("torch")
-    by_identity = (torch is not None and isinstance(q_ranges, torch.Tensor) and q_ranges.is_cuda
+    if _cpu_by_identity and not _IDENTITY_CPU_DTYPES:
+        _IDENTITY_CPU_DTYPES = (torch.int32, torch.int64)
+    by_identity = (torch is not None and isinstance(q_ranges, torch.Tensor)
+                   and (q_ranges.is_cuda
+                        or (_cpu_by_identity and q_ranges.dtype in _IDENTITY_CPU_DTYPES))
                    and isinstance(k_ranges, torch.Tensor)
                    and (attn_type_map is None or isinstance(attn_type_map, torch.Tensor)))
     if not by_identity:
@@ -181,10 +192,11 @@ def prepared_mask(total_seqlen_q: int, total_seqlen_k: int, q_ranges: Any, k_ran
             else:
                 pm = _pinned.get(key)
             if pm is not None:
-                if torch._C._cuda_isCurrentStreamCapturing():
+                if (torch._C._cuda_isCurrentStreamCapturing() if q_ranges.is_cuda
+                        else _capturing()):
                     _pin_if_capturing(key, pm)
                 return pm
-    if _capturing():
+    if q_ranges.is_cuda and _capturing():
         raise RuntimeError(
             "q_ranges/k_ranges: CUDA range tensors not used (or changed in place) since before "
             "this CUDA graph capture: reading them would synchronise inside the capture; call "
@@ -201,6 +213,15 @@ def prepared_mask(total_seqlen_q: int, total_seqlen_k: int, q_ranges: Any, k_ran
             while len(_by_tensor) > _BY_TENSOR_SIZE:
                 _by_tensor.popitem(last=False)
     return pm
+
+
+def forget_ranges(total_seqlen_q: int, total_seqlen_k: int, q_ranges: Any, k_ranges: Any,
+                  attn_type_map: Any = None) -> None:
+    """Drop the identity record of these range tensors (their contents changed behind torch's
+    version counter); the masks themselves stay cached by content."""
+    ids = (id(q_ranges), id(k_ranges), id(attn_type_map), total_seqlen_q, total_seqlen_k)
+    with _cache_lock:
+        _by_tensor.pop(ids, None)
 
 
 def _pin_if_capturing(key: tuple, pm: Any) -> Any:

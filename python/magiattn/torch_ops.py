@@ -4,15 +4,19 @@ Imported only when torch tensors reach ``flex_flash_attn_func`` (the package wor
 without torch). The ops take the ranges as int tensors, so ``torch.compile`` sees one opaque
 op per direction (fake impls give shapes and dtypes) and the mask is looked up in the shared
 cache at run time (functional.py: CUDA range tensors by identity, without reading them).
-Eager calls go through an ``autograd.Function`` with the same impl and autograd rule, which
-costs less host time than the custom op's dispatch. ``lse`` and ``max_logits`` are returned
+Eager calls run in C++ (magiattn._torch: allocation, launch and the autograd node, about
+50 us less host time a call than Python) where the package was built against this torch,
+else through an ``autograd.Function`` with the same impl and autograd rule (cheaper than the
+custom op's dispatch); all three paths share _forward_impl's kernel call and _backward_impl. ``lse`` and ``max_logits`` are returned
 without gradient: backward differentiates ``out`` only (and the sink through it).
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.util
 import threading
+import warnings
 from typing import Any, Optional
 
 import numpy as np
@@ -20,9 +24,29 @@ import torch
 from torch import Tensor
 
 from . import _C
-from .functional import AttnForwardMeta, prepared_mask
+from .functional import AttnForwardMeta, forget_ranges, prepared_mask
 
 _to_dlpack = torch.utils.dlpack.to_dlpack
+
+
+def _load_cpp_front():
+    """magiattn._torch (python/src/torch_ext.cc): the per-call forward in C++, built against
+    the torch of the build. None where it was not built (no torch at build time) or does not
+    load (another torch since): the same calls then run in Python, with a warning for the
+    second case."""
+    if importlib.util.find_spec("magiattn._torch") is None:
+        return None
+    try:
+        from . import _torch
+    except ImportError as e:
+        warnings.warn(f"magiattn._torch does not load with torch {torch.__version__} ({e}); the "
+                      "torch front runs its per-call path in Python, about 50 us slower a call "
+                      "(reinstall magiattn against this torch)", RuntimeWarning, stacklevel=2)
+        return None
+    return _torch
+
+
+_cpp = _load_cpp_front()
 
 __all__ = ["ffa_forward", "ffa_backward", "flex_flash_attn_func", "flex_flash_attn_backward"]
 
@@ -92,14 +116,24 @@ def _device_ranges(index: int, q_ranges: Tensor, k_ranges: Tensor,
             q_ranges.element_size(), 4 if tm is None else tm.element_size(), q_ranges.shape[0])
 
 
+def _stream(q: Tensor) -> int:
+    """The cudaStream_t torch runs q's device on (0 for CPU tensors)."""
+    return torch._C._cuda_getCurrentRawStream(q.get_device()) if q.is_cuda else 0
+
+
 def _forward_impl(q: Tensor, k: Tensor, v: Tensor, q_ranges: Tensor, k_ranges: Tensor,
                   attn_type_map: Optional[Tensor], sink: Optional[Tensor], sink_layout: str,
                   softmax_scale: Optional[float], softcap: float, deterministic: bool,
                   return_max_logits: bool, sm_margin: int) -> tuple[Tensor, Tensor, Tensor]:
     """The forward on a cached PreparedMask, every buffer from torch's allocator: on a cache
     hit this does no device-to-host read, no device allocation outside torch's caching
-    allocator and no host work that grows with the mask (so it is CUDA-graph capturable)."""
+    allocator and no host work that grows with the mask (so it is CUDA-graph capturable).
+    No autograd: the callers record it (the custom op's rule, _FFAForward)."""
     pm = prepared_mask(q.shape[0], k.shape[0], q_ranges, k_ranges, attn_type_map)
+    if _cpp is not None:
+        return _cpp.forward(q, k, v, q_ranges, k_ranges, attn_type_map, pm, sink, sink_layout,
+                            softmax_scale, softcap, deterministic, return_max_logits, sm_margin,
+                            _stream(q), False, False)
     compute = _compute_dtype(q.dtype)
     device = q.device
     out = q.new_empty(q.shape)  # contiguous, q's dtype and device (new_empty: the cheapest)
@@ -196,18 +230,26 @@ def _setup_context(ctx, inputs, output) -> None:
     ctx.mark_non_differentiable(lse, max_logits)
 
 
-def _backward(ctx, dout, _dlse, _dmax_logits):
-    q, k, v, out, lse, q_ranges, k_ranges, attn_type_map, sink = ctx.saved_tensors
+def _backward_impl(dout, q, k, v, out, lse, q_ranges, k_ranges, attn_type_map, sink,
+                   sink_layout, softmax_scale, softcap, deterministic, sm_margin):
+    """(dq, dk, dv, dsink or None): the backward of every forward path (the custom op's
+    autograd rule, _FFAForward and magiattn._torch's node)."""
     # autograd hands over whatever layout the consumer produced (an expanded scalar after
     # out.sum(), say); the kernel wants a unit-stride last dim.
     dq, dk, dv, dsink = torch.ops.magiattn.ffa_backward(
         dout.contiguous(), q, k, v, out, lse, q_ranges, k_ranges, attn_type_map, sink,
-        *ctx.options)
-    return (dq, dk, dv, None, None, None, dsink if ctx.has_sink else None, None, None, None,
-            None, None, None)
+        sink_layout, softmax_scale, softcap, deterministic, sm_margin)
+    return dq, dk, dv, (dsink if sink is not None else None)
+
+
+def _backward(ctx, dout, _dlse, _dmax_logits):
+    dq, dk, dv, dsink = _backward_impl(dout, *ctx.saved_tensors, *ctx.options)
+    return dq, dk, dv, None, None, None, dsink, None, None, None, None, None, None
 
 
 torch.library.register_autograd("magiattn::ffa_forward", _backward, setup_context=_setup_context)
+if _cpp is not None:
+    _cpp.set_backward(_backward_impl)
 
 
 class _FFAForward(torch.autograd.Function):
@@ -277,6 +319,16 @@ def flex_flash_attn_func(q: Tensor, k: Tensor, v: Tensor, q_ranges: Any, k_range
             float(softcap), bool(deterministic), bool(return_max_logits), sm_margin)
     if torch.compiler.is_compiling():
         out, lse, max_logits = torch.ops.magiattn.ffa_forward(*args)
+    elif _cpp is not None:  # the eager path in C++, autograd included
+        nq, nk = q.shape[0], k.shape[0]
+        pm = prepared_mask(nq, nk, q_ranges, k_ranges, attn_type_map, _cpu_by_identity=True)
+        try:
+            out, lse, max_logits = _cpp.forward(*args[:6], pm, *args[6:], _stream(q), True, True)
+        except _cpp.StaleRanges:  # CPU ranges written behind torch's back: look up by content
+            forget_ranges(nq, nk, q_ranges, k_ranges, attn_type_map)
+            pm = prepared_mask(nq, nk, q_ranges, k_ranges, attn_type_map)
+            out, lse, max_logits = _cpp.forward(*args[:6], pm, *args[6:], _stream(q), True,
+                                                False)
     else:
         out, lse, max_logits = _FFAForward.apply(*args)
     return out, AttnForwardMeta(lse=lse, max_logits=max_logits if return_max_logits else None)

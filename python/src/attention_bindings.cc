@@ -6,12 +6,14 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 
+#include <cstring>
 #include <optional>
 #include <string>
 #include <tuple>
 
 #include "arrays.h"
 #include "bindings.h"
+#include "capi.h"
 #include "magi/attention.h"
 #include "magi/error.h"
 #include "options.h"
@@ -79,6 +81,58 @@ void forward_prepared(nb::handle q, nb::handle k, nb::handle v, const PreparedMa
   attn_forward(mask, a, opts);
 }
 
+void copy_message(const char* what, char* err, std::size_t err_len) {
+  if (err_len == 0) return;
+  std::strncpy(err, what, err_len - 1);
+  err[err_len - 1] = '\0';
+}
+
+CApiStatus capi_forward(const PreparedMask& mask, const FwdArgs& args, AttnOptions opts,
+                        const char* sink_layout, char* err, std::size_t err_len) {
+  try {
+    opts.sink_layout = sink_layout_from_name(sink_layout);
+    attn_forward(mask, args, opts);
+    return CApiStatus::kOk;
+  } catch (const Error& e) {
+    copy_message(e.what(), err, err_len);
+    return CApiStatus::kInvalid;
+  } catch (const std::exception& e) {
+    copy_message(e.what(), err, err_len);
+    return CApiStatus::kFailed;
+  }
+}
+
+const PreparedMask* capi_prepared(PyObject* obj) {
+  nb::handle h(obj);
+  return nb::isinstance<PreparedMask>(h) ? nb::inst_ptr<PreparedMask>(h) : nullptr;
+}
+
+std::int64_t load(const void* base, int bytes, std::int64_t index) {
+  return bytes == 8 ? static_cast<const std::int64_t*>(base)[index]
+                    : static_cast<const std::int32_t*>(base)[index];
+}
+
+bool capi_same_ranges(const PreparedMask& mask, const HostRanges& r) {
+  const std::vector<Slice>& slices = mask.mask().slices();
+  if (r.count != std::int64_t(slices.size())) return false;
+  for (std::int64_t i = 0; i < r.count; ++i) {
+    const Slice& s = slices[std::size_t(i)];
+    const std::int64_t type =
+        r.types == nullptr ? 0 : load(r.types, r.type_bytes, i * r.types_stride);
+    if (load(r.q, r.range_bytes, i * r.q_stride[0]) != s.q_range.start ||
+        load(r.q, r.range_bytes, i * r.q_stride[0] + r.q_stride[1]) != s.q_range.end ||
+        load(r.k, r.range_bytes, i * r.k_stride[0]) != s.k_range.start ||
+        load(r.k, r.range_bytes, i * r.k_stride[0] + r.k_stride[1]) != s.k_range.end ||
+        type != std::int64_t(s.type)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+const CApi kCApi{1, &capi_prepared, &capi_forward, &attn_forward_workspace_bytes,
+                 &capi_same_ranges};
+
 }  // namespace
 
 void bind_attention(nb::module_& m) {
@@ -110,6 +164,7 @@ void bind_attention(nb::module_& m) {
         "or (q_ranges ptr, k_ranges ptr, types ptr or 0, range bytes, type bytes, count) of "
         "the caller's CUDA range tensors, compared on the device with the prepared ones (a "
         "difference makes out and lse NaN)");
+  m.attr("_capi") = nb::capsule(&kCApi, kCApiCapsule);  // for magiattn._torch (capi.h)
   m.def("forward_workspace_bytes", &attn_forward_workspace_bytes, "num_k"_a, "heads_kv"_a,
         "bytes of the GPU forward's per-call workspace");
   m.def("backward", &backward, "dout"_a, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "dq"_a, "dk"_a,

@@ -1,0 +1,178 @@
+"""magiattn._torch, the torch front's per-call forward in C++ (python/src/torch_ext.cc): the
+same bits and gradients as the Python path it replaces, autograd only when asked for, errors
+that keep their Python type through the autograd engine, and CPU range tensors recognised by
+identity but checked against the mask on every call."""
+import importlib.util
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import magiattn  # noqa: E402
+from magiattn import functional, masks, torch_ops  # noqa: E402
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("magiattn._torch") is None,
+    reason="magiattn was built without torch (no magiattn._torch)")
+
+
+def test_the_cpp_front_loads_when_built():
+    assert torch_ops._cpp is not None, "magiattn._torch exists but did not load"
+
+
+def _inputs(n=96, hq=4, hkv=2, d=32, dtype=torch.float64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(n, h, d, generator=g, dtype=dtype).requires_grad_()
+            for h in (hq, hkv, hkv)]
+
+
+def _ranges(mask, dtype=torch.int32):
+    return tuple(torch.as_tensor(np.asarray(x), dtype=dtype)
+                 for x in (mask.q_ranges(), mask.k_ranges(), mask.attn_type_map()))
+
+
+def _run(front, q, k, v, ranges, **kw):
+    saved = torch_ops._cpp
+    torch_ops._cpp = front
+    try:
+        for x in (q, k, v, kw.get("sink")):
+            if x is not None:
+                x.grad = None
+        out, meta = magiattn.flex_flash_attn_func(q, k, v, *ranges, **kw)
+        (out * torch.arange(out.numel(), dtype=out.dtype).view_as(out).cos()).sum().backward()
+        grads = [x.grad.clone() for x in (q, k, v, kw.get("sink")) if x is not None]
+        return out.detach(), meta, grads, out.grad_fn
+    finally:
+        torch_ops._cpp = saved
+
+
+@pytest.mark.parametrize("options", [
+    {},
+    {"softcap": 3.0, "return_max_logits": True},
+    {"sink": "sh"},
+    {"softmax_scale": 0.3, "deterministic": True},
+])
+def test_same_bits_as_the_python_front(options):
+    q, k, v = _inputs()
+    ranges = _ranges(masks.varlen_causal([0, 40, 96]))
+    kw = dict(options)
+    if kw.get("sink") == "sh":
+        kw["sink"] = torch.randn(2, q.shape[1], dtype=torch.float64).requires_grad_()
+    fast = _run(torch_ops._cpp, q, k, v, ranges, **kw)
+    slow = _run(None, q, k, v, ranges, **kw)
+    assert torch.equal(fast[0], slow[0])
+    assert torch.equal(fast[1].lse, slow[1].lse)
+    if kw.get("return_max_logits"):
+        assert torch.equal(fast[1].max_logits, slow[1].max_logits)
+    else:
+        assert fast[1].max_logits is None and slow[1].max_logits is None
+    assert len(fast[2]) == len(slow[2])
+    for a, b in zip(fast[2], slow[2]):
+        assert torch.equal(a, b)
+    assert type(fast[3]).__name__ == "CppFunction"
+
+
+def test_autograd_only_when_asked():
+    q, k, v = (x.detach() for x in _inputs())
+    ranges = _ranges(masks.causal(96, 96))
+    out, meta = magiattn.flex_flash_attn_func(q, k, v, *ranges)
+    assert out.grad_fn is None and not meta.lse.requires_grad
+    qg = q.clone().requires_grad_()
+    with torch.no_grad():
+        out, _ = magiattn.flex_flash_attn_func(qg, k, v, *ranges)
+    assert out.grad_fn is None
+    out, meta = magiattn.flex_flash_attn_func(qg, k, v, *ranges)
+    assert out.requires_grad and not meta.lse.requires_grad
+
+
+def test_gradcheck_through_the_cpp_node():
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(24, h, 8, generator=g, dtype=torch.float64).requires_grad_()
+               for h in (2, 1, 1))
+    sink = torch.randn(1, 2, generator=g, dtype=torch.float64).requires_grad_()
+    ranges = _ranges(masks.varlen_causal([0, 10, 24]))
+    assert torch.autograd.gradcheck(
+        lambda q, k, v, s: magiattn.flex_flash_attn_func(q, k, v, *ranges, sink=s)[0],
+        (q, k, v, sink))
+
+
+def test_backward_errors_keep_their_python_type():
+    q, k, v = _inputs()
+    ranges = _ranges(masks.causal(96, 96))
+    out, _ = magiattn.flex_flash_attn_func(q, k, v, *ranges)
+
+    def refuse(*args):
+        raise ValueError("dout: refused by the test")
+
+    torch_ops._cpp.set_backward(refuse)
+    try:
+        with pytest.raises(ValueError, match="refused by the test"):
+            out.sum().backward()
+    finally:
+        torch_ops._cpp.set_backward(torch_ops._backward_impl)
+
+
+def test_bad_arguments_name_the_culprit():
+    q, k, v = (x.detach() for x in _inputs())
+    ranges = _ranges(masks.causal(96, 96))
+    with pytest.raises(ValueError, match="sink: expected a torch tensor"):
+        magiattn.flex_flash_attn_func(q, k, v, *ranges, sink=np.zeros((1, 4)))
+    with pytest.raises(ValueError, match="k: dtype"):
+        magiattn.flex_flash_attn_func(q, k.float(), v, *ranges)
+    with pytest.raises(ValueError, match="q: dtype int32 is not supported"):
+        magiattn.flex_flash_attn_func(q.int(), k, v, *ranges)
+    pm = functional.prepared_mask(96, 96, *ranges)
+    with pytest.raises(ValueError, match="prepared: expected a magiattn._C.PreparedMask"):
+        torch_ops._cpp.forward(q, k, v, *ranges, pm.mask, None, "sh", None, 0.0, False, False,
+                               0, 0, False, False)
+
+
+def _reference(q, k, v, ranges):
+    """The same call with the ranges copied: never served from an identity record."""
+    return magiattn.flex_flash_attn_func(q, k, v, *(r.clone() for r in ranges))[0]
+
+
+def test_cpu_ranges_written_behind_torch_are_seen():
+    q, k, v = (x.detach() for x in _inputs())
+    ranges = _ranges(masks.varlen_full([0, 48, 96]))
+    first = magiattn.flex_flash_attn_func(q, k, v, *ranges)[0]
+    version = ranges[0]._version
+    view = ranges[0].numpy()  # writes through numpy bypass torch's version counter
+    view[:] = [[0, 32], [32, 96]]
+    ranges[1].numpy()[:] = [[0, 32], [32, 96]]
+    assert ranges[0]._version == version
+    second = magiattn.flex_flash_attn_func(q, k, v, *ranges)[0]
+    assert not torch.equal(first, second)
+    assert torch.equal(second, _reference(q, k, v, ranges))
+    third = magiattn.flex_flash_attn_func(q, k, v, *ranges)[0]  # recognised again
+    assert torch.equal(third, second)
+
+
+def test_cpu_ranges_written_in_place_are_seen():
+    q, k, v = (x.detach() for x in _inputs())
+    ranges = _ranges(masks.causal(96, 96))
+    first = magiattn.flex_flash_attn_func(q, k, v, *ranges)[0]
+    ranges[2].fill_(0)  # causal -> full, through torch (the version counter moves)
+    second = magiattn.flex_flash_attn_func(q, k, v, *ranges)[0]
+    assert not torch.equal(first, second)
+    assert torch.equal(second, _reference(q, k, v, ranges))
+
+
+@pytest.mark.parametrize("layout", ["int64", "strided", "int16", "no-types"])
+def test_cpu_range_layouts(layout):
+    q, k, v = (x.detach() for x in _inputs())
+    mask = masks.varlen_causal([0, 30, 96])
+    ranges = _ranges(mask, torch.int64 if layout == "int64" else torch.int32)
+    if layout == "strided":  # every other row of a [2N, 2] buffer; types every other element
+        ranges = tuple(torch.stack([r, r], 1).reshape(-1, *r.shape[1:])[::2] for r in ranges)
+        assert not ranges[0].is_contiguous()
+    if layout == "int16":
+        ranges = tuple(r.to(torch.int16) for r in ranges)
+    if layout == "no-types":
+        ranges = (*ranges[:2], None)
+        mask = masks.varlen_full([0, 30, 96])
+    want = magiattn.flex_flash_attn_func(q.numpy(), k.numpy(), v.numpy(), mask=mask)[0]
+    for _ in range(3):  # first call, then hits
+        out = magiattn.flex_flash_attn_func(q, k, v, *ranges)[0]
+        np.testing.assert_array_equal(out.numpy(), want)
