@@ -67,7 +67,8 @@ def main() -> None:
         "custom op (torch.compile's path)": lambda: torch.ops.magiattn.ffa_forward(
             q, k, v, qr, kr, tm, None, "sh", None, 0.0, False, False, 0),
         "_torch.forward (C++ front, no grad)": (lambda: cpp.forward(
-            q, k, v, qr, kr, tm, pm, None, "sh", None, 0.0, False, False, 0, stream, False))
+            q, k, v, qr, kr, tm, pm, None, "sh", None, 0.0, False, False, 0, stream, False,
+            False))
         if cpp is not None else (lambda: None),
         "prepared_mask (cache hit)": lambda: functional.prepared_mask(n, n, qr, kr, tm),
         "_C.forward_prepared, capsules": lambda: _C.forward_prepared(
