@@ -271,10 +271,6 @@ void forward(const Mask& mask, const PreparedMask* prepared, const FwdArgs& a, c
   p.accumulate = r.accumulate;
   p.out_pairs = p.o_row % 2 == 0 && p.o_head % 2 == 0 &&
                 reinterpret_cast<std::uintptr_t>(p.out) % (2 * dtype_size(a.out.dtype)) == 0;
-  const std::int64_t out_bytes = dtype_size(a.out.dtype);
-  p.staged_store = !r.accumulate && a.out.dtype == a.q.dtype &&
-                   reinterpret_cast<std::uintptr_t>(p.out) % 16 == 0 &&
-                   (p.o_row * out_bytes) % 16 == 0 && (p.o_head * out_bytes) % 16 == 0;
 
   if (a.max_logits) {
     p.max_logits = static_cast<float*>(a.max_logits->data);

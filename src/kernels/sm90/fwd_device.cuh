@@ -93,20 +93,6 @@ __device__ inline void store2(void* out, std::int64_t idx, float x0, float x1) {
   }
 }
 
-// Two values as one 4-byte shared-memory store of T (bf16 or fp16) at a 32-bit shared address.
-template <class T>
-__device__ inline void st_shared_pair(unsigned addr, float x0, float x1) {
-  unsigned packed;
-  if constexpr (std::is_same_v<T, cutlass::half_t>) {
-    const __half2 h = __floats2half2_rn(x0, x1);
-    packed = *reinterpret_cast<const unsigned*>(&h);
-  } else {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(x0, x1);
-    packed = *reinterpret_cast<const unsigned*>(&h);
-  }
-  asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(packed) : "memory");
-}
-
 // Named barriers among the consumer warpgroups (0 is __syncthreads).
 __device__ inline void named_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");

@@ -120,22 +120,6 @@ struct FwdConfig {
   using TmaQ = decltype(tma_rows(nullptr, 0, 0, 0, 0, LayoutQ{}));
   using TmaKV = decltype(tma_rows(nullptr, 0, 0, 0, 0, cute::take<0, 2>(LayoutK{})));
 
-  // The epilogue's O of one consumer warpgroup (64 rows), staged in shared memory for a TMA
-  // store: in the V stage of the item's last block, which holds every warpgroup's rows where
-  // 64 * kWarpgroups <= kBlockN (D 128). Elsewhere (and for out dtypes or layouts TMA cannot
-  // write, FwdParams::staged_store) the consumers store O to global memory themselves.
-  static constexpr bool kStagedStore = 64 * kWarpgroups <= kBlockN;
-  using LayoutO = decltype(cute::tile_to_shape(AtomK{}, cute::Shape<cute::_64, HD>{}));
-  static auto tma_store_rows(T* ptr, int rows, int heads, std::int64_t row_stride,
-                             std::int64_t head_stride) {
-    const RowsLayout g(cute::make_shape(rows, kD, heads),
-                       cute::make_stride(row_stride, cute::_1{}, head_stride));
-    return cute::make_tma_copy(cute::SM90_TMA_STORE{},
-                               cute::make_tensor(cute::make_gmem_ptr(ptr), g), LayoutO{},
-                               cute::Shape<cute::_64, HD>{}, cute::_1{});
-  }
-  using TmaO = decltype(tma_store_rows(nullptr, 0, 0, 0, 0));
-
   struct Smem {
     alignas(1024) T q[cute::cosize_v<LayoutQ>];
     alignas(1024) T k[cute::cosize_v<LayoutK>];
@@ -158,7 +142,7 @@ struct FwdConfig {
   static constexpr int kSmemBytes = int(sizeof(Smem)) + 1024;
 };
 
-// The kernel's one parameter: the plain parameters and the four TMA descriptors (built on
+// The kernel's one parameter: the plain parameters and the three TMA descriptors (built on
 // the host per call, fwd_inst.cu.in).
 template <class T, int kD, bool kRewrite>
 struct FwdKernelParams {
@@ -166,7 +150,6 @@ struct FwdKernelParams {
   typename FwdConfig<T, kD, kRewrite>::TmaQ tma_q;
   typename FwdConfig<T, kD, kRewrite>::TmaKV tma_k;
   typename FwdConfig<T, kD, kRewrite>::TmaKV tma_v;
-  typename FwdConfig<T, kD, kRewrite>::TmaO tma_o;  // out (FwdParams::staged_store)
 };
 
 template <class T, int kD, bool kRewrite>
@@ -402,37 +385,18 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
   // before it, 2 x 128 threads) before issuing its products, then lets the next one go;
   // warpgroup 0 goes first.
   constexpr int kPair = 256;
-  // Named barriers of the staged epilogue: all consumers, then one per warpgroup (the
-  // scheduler's are 1 .. kWarpgroups).
-  constexpr int kEpilogueBar = 1 + C::kWarpgroups;
-  static_assert(kEpilogueBar + C::kWarpgroups < 16);
   const int my_bar = 1 + wg;
   const int next_bar = 1 + (wg + 1) % C::kWarpgroups;
   if (wg == C::kWarpgroups - 1) detail::named_arrive(1, kPair);
 
   int blk = 0;
   unsigned ready_phases = 0;
-  // The V stage an item's staged O went out of (C::kStagedStore), handed back to the producer
-  // once the TMA store has read it: after the next item's first Q K^T is issued, so the
-  // store runs under that product instead of in front of it. -1: none pending.
-  int staged_v = -1;
-  auto release_staged = [&]() {
-    if (staged_v < 0) return;
-    if (leader) {
-      tma_store_wait<0>();  // the store has read the stage (the bulk group is the leader's)
-      Barrier::arrive(&s.v_empty[staged_v]);
-    }
-    staged_v = -1;
-  };
   for (int n = 0;; ++n) {
     const detail::Ring slot = detail::ring<2>(n);
     Barrier::wait(&s.item_full[slot.stage], slot.phase);
     const std::int64_t item = s.item[slot.stage];
     Barrier::arrive(&s.item_empty[slot.stage]);  // each thread hands back its own read
-    if (item >= num_items) {
-      release_staged();  // before the CTA's shared memory goes away
-      break;
-    }
+    if (item >= num_items) break;
     const Tile tile = p.tiles[item / p.heads_q];
     const int h = int(item % p.heads_q);
     const int q0 = tile.q_start;
@@ -596,7 +560,6 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
       detail::named_sync(my_bar, kPair);
       issue_qk(r.stage);
       detail::named_arrive(next_bar, kPair);
-      release_staged();  // the previous item's O store, under this Q K^T
       warpgroup_wait<0>();
       warpgroup_fence_operand(tSrS);
       poison_rows(bi);
@@ -634,13 +597,9 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
       warpgroup_wait<0>();
       warpgroup_fence_operand(tOrO);
       warpgroup_fence_operand(tOrP);
-      if (C::kStagedStore && p.staged_store)
-        staged_v = prev.stage;  // O goes out through this stage (released after the store)
-      else if (leader)
-        Barrier::arrive(&s.v_empty[prev.stage]);
-    } else {
-      release_staged();
-      if (leader) Barrier::arrive(&s.q_empty);  // a tile without keys: Q loaded, never read
+      if (leader) Barrier::arrive(&s.v_empty[prev.stage]);
+    } else if (leader) {
+      Barrier::arrive(&s.q_empty);  // a tile without keys: Q was loaded and never read
     }
 
     // Epilogue: normalise, sink, merge with a given partial result, store. The rows' weights
@@ -712,47 +671,7 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
     };
     using detail::store2;
     using I64 = std::int64_t;
-    if (C::kStagedStore && staged_v >= 0) {
-      // Every warpgroup's last P V has read the stage; each writes its 64 rows of O (q's
-      // dtype) into its half, and its leader stores them with TMA (rows past the tensor's end
-      // are clipped by TMA, as the direct stores skip them).
-      detail::named_sync(kEpilogueBar, C::kConsumerThreads);
-      T* half = &sV(0, 0, staged_v) + wg * cosize_v<typename C::LayoutO>;
-      Tensor sO = make_tensor(make_smem_ptr(half), typename C::LayoutO{});
-      // LayoutO's byte offsets written out (CuTe's layout functor per element kept 64
-      // addresses live and spilled): 8 x 64 atoms of 128-byte rows, atoms down the 64 rows,
-      // then along D, 16-byte chunks XOR-swizzled by row % 8. In the wgmma C fragment, this
-      // thread's O(i, jj) (jj even) is row 16 * warp + lane / 4 + 8 * i of the warpgroup's 64,
-      // columns 8 * (jj / 2) + 2 * (lane % 4) and the next: so row % 8 is lane / 4 for both
-      // rows, and only the chunk (jj / 2) % 8 and the atom column (jj / 2) / 8 vary per store.
-      static_assert(sizeof(T) == 2 && kD % 64 == 0);
-      const int lane = ctid % 32, warp = ctid % 128 / 32;
-      // 32-bit shared addresses: one per swizzled chunk position (8), the rest immediates.
-      const unsigned thread_smem = unsigned(__cvta_generic_to_shared(half)) + warp * 2048 +
-                                   (lane >> 2) * 128 + (lane & 3) * 4;
-      unsigned chunk[8];
-      CUTE_UNROLL
-      for (int c = 0; c < 8; ++c) chunk[c] = thread_smem + ((c ^ (lane >> 2)) << 4);
-      CUTE_UNROLL
-      for (int i = 0; i < kRows; ++i) {
-        CUTE_UNROLL
-        for (int jj = 0; jj < size<1>(O); jj += 2) {
-          const int j = jj / 2;
-          detail::st_shared_pair<T>(chunk[j & 7] + (j >> 3) * 8192 + i * 1024, O(i, jj) * w[i],
-                                    O(i, jj + 1) * w[i]);
-        }
-      }
-      cutlass::arch::fence_view_async_shared();  // the generic-proxy writes, before TMA's reads
-      detail::named_sync(kEpilogueBar + 1 + wg, 128);
-      if (leader) {
-        Tensor mO = kp.tma_o.get_tma_tensor(make_shape(p.num_q, kD, p.heads_q));
-        Tensor gO = local_tile(domain_offset(make_coord(q0 + 64 * wg, 0), mO(_, _, h)),
-                               Shape<_64, typename C::HD>{}, make_coord(0, 0));
-        auto tma = kp.tma_o.get_slice(0);
-        copy(kp.tma_o, tma.partition_S(sO), tma.partition_D(gO));
-        tma_store_arrive();
-      }
-    } else if (p.accumulate) {  // fp32 out (attention.cc checks it)
+    if (p.accumulate) {  // fp32 out (attention.cc checks it)
       float* out = static_cast<float*>(p.out);
       store_o([&](int i, I64 a, I64 b, float x0, float x1) CUTLASS_LAMBDA_FUNC_INLINE {
         out[a] = x0 + keep[i] * out[a];

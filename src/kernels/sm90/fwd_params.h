@@ -64,9 +64,6 @@ struct FwdParams {
   OutType out_type = OutType::kBF16;
   bool accumulate = false;  // out (fp32) and lse hold a partial result to merge with
   bool out_pairs = false;   // out's strides and pointer let two adjacent columns go as one store
-  // out has q's dtype, no accumulate, and the 16-byte alignment of pointer and strides that a
-  // TMA store needs: the epilogue may stage O in shared memory and store it with TMA.
-  bool staged_store = false;
   // Work list on the device, and the persistent scheduler's counter (zeroed per launch).
   const Tile* tiles = nullptr;
   const Piece* pieces = nullptr;
