@@ -78,11 +78,19 @@ def _type_array(attn_type_map: Any, num_slices: int) -> Optional[np.ndarray]:
     return np.ascontiguousarray(out)
 
 
+_cuda_available: Optional[bool] = None  # torch.cuda.is_available(), asked once (it reads the
+# environment on every call)
+
+
 def _capturing() -> bool:
     """Whether the current CUDA stream is being captured into a graph (False without CUDA)."""
+    global _cuda_available
     torch = sys.modules.get("torch")
-    return torch is not None and torch.cuda.is_available() and \
-        torch._C._cuda_isCurrentStreamCapturing()
+    if torch is None:
+        return False
+    if _cuda_available is None:
+        _cuda_available = torch.cuda.is_available()
+    return _cuda_available and torch._C._cuda_isCurrentStreamCapturing()
 
 
 def _prepared_by_content(total_seqlen_q: int, total_seqlen_k: int, q_ranges: Any,
