@@ -389,137 +389,6 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
   const int next_bar = 1 + (wg + 1) % C::kWarpgroups;
   if (wg == C::kWarpgroups - 1) detail::named_arrive(1, kPair);
 
-  // Epilogue, in two parts. finish_rows: from the item's row state alone (not O), each row's
-  // weights (out = w * O + keep * the given partial output), its LSE and max_logits, stored
-  // now; it runs while the item's last P V computes. store_out: O, once that P V is complete,
-  // in one straight-line pass for the output kind chosen once per tile (a switch on the dtype
-  // beside every store made the epilogue ~3000 instructions of branches, 20 % of the stall
-  // samples on 8k sliding window); it runs under the next item's first Q K^T.
-  auto finish_rows = [&](const int q0, const int h, const float (&m)[kRows],
-                         const float (&l)[kRows], const float (&mraw)[kRows], float (&w)[kRows],
-                         float (&keep)[kRows], std::int64_t (&o_base)[kRows]) {
-    float lse_out[kRows];         // o_base -1: a row past the end
-    bool any_nan = false;         // a row of this thread is NaN (max_logits)
-    // Ranges that differ from the prepared ones (FwdParams::stale): every row NaN, as a row
-    // that read a NaN.
-    const bool stale = p.stale != nullptr && *p.stale != 0u;
-    CUTE_UNROLL
-    for (int i = 0; i < kRows; ++i) {
-      const int row = q0 + get<0>(cO(i, 0));
-      const float l_sum = detail::quad_sum(l[i]);  // NaN: the row read a NaN/inf
-      const float l_tot = stale ? __int_as_float(0x7fffffff) : l_sum;
-      float lse = l_tot == 0.f ? -INFINITY : (m[i] * su + log2f(l_tot)) * kLn2;
-      w[i] = l_tot == 0.f ? 0.f : 1.f / l_tot;
-      keep[i] = 0.f;
-      o_base[i] = -1;
-      if (row >= p.num_q) continue;
-      if (p.sink != nullptr) {
-        float ls = -INFINITY;
-        const float* sk = p.sink + std::int64_t(row) * p.sink_row + std::int64_t(h) * p.sink_head;
-        for (int j = 0; j < p.sink_len; ++j) ls = detail::log_add_exp(ls, sk[j * p.sink_s]);
-        const float merged = detail::log_add_exp(lse, ls);
-        if (l_tot > 0.f) w[i] *= expf(lse - merged);
-        lse = merged;
-      }
-      o_base[i] = std::int64_t(row) * p.o_row + std::int64_t(h) * p.o_head;
-      if (p.accumulate) {
-        const float old = p.lse[std::int64_t(row) * p.lse_row + std::int64_t(h) * p.lse_head];
-        const float merged = detail::log_add_exp(old, lse);
-        if (merged != -INFINITY) {
-          keep[i] = old == -INFINITY ? 0.f : expf(old - merged);
-          w[i] *= lse == -INFINITY ? 0.f : expf(lse - merged);
-        } else {
-          keep[i] = 1.f;
-        }
-        lse = merged;
-      }
-      if (lse != lse || lse == INFINITY) {  // docs/numerics.md: out and lse NaN
-        lse = w[i] = __int_as_float(0x7fffffff);
-        any_nan = true;
-      }
-      lse_out[i] = lse;
-    }
-    // A quad's four threads read a row's given LSE above, its first writes it: after all reads.
-    __syncwarp();
-    CUTE_UNROLL
-    for (int i = 0; i < kRows; ++i)
-      if (o_base[i] >= 0 && (ctid & 3) == 0) {
-        const std::int64_t row = q0 + get<0>(cO(i, 0));
-        p.lse[row * p.lse_row + std::int64_t(h) * p.lse_head] = lse_out[i];
-      }
-    if (p.max_logits != nullptr) {
-      float mr = -INFINITY;
-      CUTE_UNROLL
-      for (int i = 0; i < kRows; ++i)  // without a cap, m is the raw max itself
-        mr = fmaxf(mr, rewrite ? mraw[i] : (m[i] == -INFINITY ? -INFINITY : m[i] * p.scale));
-      for (int off = 16; off > 0; off >>= 1) mr = fmaxf(mr, __shfl_xor_sync(0xffffffff, mr, off));
-      if (__any_sync(0xffffffff, any_nan)) mr = __int_as_float(0x7fffffff);  // a NaN row
-      if ((ctid & 31) == 0 && mr != -INFINITY) detail::atomic_max(p.max_logits + h, mr);
-    }
-  };
-
-  auto store_out = [&](const float (&w)[kRows], const float (&keep)[kRows],
-                       const std::int64_t (&o_base)[kRows]) {
-    // put(row i, index of column jj, of column jj + 1, their values) for the C fragment's
-    // column pairs jj, jj + 1 (jj even), which are adjacent in memory when out_pairs.
-    auto store_o = [&](auto&& put) CUTLASS_LAMBDA_FUNC_INLINE {
-      CUTE_UNROLL
-      for (int i = 0; i < kRows; ++i) {
-        if (o_base[i] < 0) continue;
-        CUTE_UNROLL
-        for (int jj = 0; jj < size<1>(O); jj += 2)
-          put(i, o_base[i] + get<1>(cO(i, jj)), o_base[i] + get<1>(cO(i, jj + 1)),
-              O(i, jj) * w[i], O(i, jj + 1) * w[i]);
-      }
-    };
-    using detail::store2;
-    using I64 = std::int64_t;
-    if (p.accumulate) {  // fp32 out (attention.cc checks it)
-      float* out = static_cast<float*>(p.out);
-      store_o([&](int i, I64 a, I64 b, float x0, float x1) CUTLASS_LAMBDA_FUNC_INLINE {
-        out[a] = x0 + keep[i] * out[a];
-        out[b] = x1 + keep[i] * out[b];
-      });
-    } else if (!p.out_pairs) {
-      store_o([&](int, I64 a, I64 b, float x0, float x1) CUTLASS_LAMBDA_FUNC_INLINE {
-        detail::store(p.out, a, p.out_type, x0);
-        detail::store(p.out, b, p.out_type, x1);
-      });
-    } else if (p.out_type == OutType::kBF16) {
-      store_o([&](int, I64 a, I64, float x0, float x1) CUTLASS_LAMBDA_FUNC_INLINE {
-        store2<OutType::kBF16>(p.out, a, x0, x1);
-      });
-    } else if (p.out_type == OutType::kF16) {
-      store_o([&](int, I64 a, I64, float x0, float x1) CUTLASS_LAMBDA_FUNC_INLINE {
-        store2<OutType::kF16>(p.out, a, x0, x1);
-      });
-    } else {
-      store_o([&](int, I64 a, I64, float x0, float x1) CUTLASS_LAMBDA_FUNC_INLINE {
-        store2<OutType::kF32>(p.out, a, x0, x1);
-      });
-    }
-  };
-
-  // The item whose last P V is issued but whose O is not stored yet (pending_v >= 0: the V
-  // stage that P V reads, handed back once it completes), with its rows' weights. The next
-  // item issues its first Q K^T, then completes this P V and stores O while the tensor cores
-  // compute that product, instead of leaving them idle for it.
-  int pending_v = -1;
-  float pending_w[kRows], pending_keep[kRows];
-  std::int64_t pending_base[kRows];
-  auto finish_pending = [&](const bool qk_in_flight) {
-    if (pending_v < 0) return;
-    if (qk_in_flight)
-      warpgroup_wait<1>();  // the pending P V; the Q K^T issued after it may still run
-    else
-      warpgroup_wait<0>();
-    warpgroup_fence_operand(tOrO);
-    warpgroup_fence_operand(tOrP);
-    if (leader) Barrier::arrive(&s.v_empty[pending_v]);
-    store_out(pending_w, pending_keep, pending_base);
-    pending_v = -1;
-  };
-
   int blk = 0;
   unsigned ready_phases = 0;
   for (int n = 0;; ++n) {
@@ -527,10 +396,7 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
     Barrier::wait(&s.item_full[slot.stage], slot.phase);
     const std::int64_t item = s.item[slot.stage];
     Barrier::arrive(&s.item_empty[slot.stage]);  // each thread hands back its own read
-    if (item >= num_items) {
-      finish_pending(false);
-      break;
-    }
+    if (item >= num_items) break;
     const Tile tile = p.tiles[item / p.heads_q];
     const int h = int(item % p.heads_q);
     const int q0 = tile.q_start;
@@ -539,6 +405,7 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
     float m[kRows], l[kRows], mraw[kRows];
     CUTE_UNROLL
     for (int i = 0; i < kRows; ++i) m[i] = -INFINITY, l[i] = 0.f, mraw[i] = -INFINITY;
+    clear(tOrO);
 
     // Mask the block (only when a piece's corners do not cover this warpgroup's 64 rows), cap,
     // and fold it into the running max; S becomes P (unnormalised, fp32) and corr[i] the
@@ -693,8 +560,6 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
       detail::named_sync(my_bar, kPair);
       issue_qk(r.stage);
       detail::named_arrive(next_bar, kPair);
-      finish_pending(true);  // the previous item's last P V and epilogue, under this Q K^T
-      clear(tOrO);
       warpgroup_wait<0>();
       warpgroup_fence_operand(tSrS);
       poison_rows(bi);
@@ -728,17 +593,116 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
         prev_edge = bi.flags & detail::BlockInfo::kEdge;
       }
       wait_v(prev, prev_edge);
-      issue_pv(prev.stage);  // completed, and O stored, by the next item
-      finish_rows(q0, h, m, l, mraw, pending_w, pending_keep, pending_base);
-      pending_v = prev.stage;
+      issue_pv(prev.stage);
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tOrO);
+      warpgroup_fence_operand(tOrP);
+      if (leader) Barrier::arrive(&s.v_empty[prev.stage]);
+    } else if (leader) {
+      Barrier::arrive(&s.q_empty);  // a tile without keys: Q was loaded and never read
+    }
+
+    // Epilogue: normalise, sink, merge with a given partial result, store. The rows' weights
+    // and LSE first; then O in one straight-line pass for the output kind, chosen once per tile
+    // (a switch on the dtype beside every store made the epilogue ~3000 instructions of
+    // branches, 20 % of the stall samples on 8k sliding window).
+    float w[kRows], keep[kRows];  // out = w * O + keep * (the given partial output)
+    float lse_out[kRows];
+    std::int64_t o_base[kRows];   // -1: a row past the end
+    bool any_nan = false;         // a row of this thread is NaN (max_logits)
+    // Ranges that differ from the prepared ones (FwdParams::stale): every row NaN, as a row
+    // that read a NaN.
+    const bool stale = p.stale != nullptr && *p.stale != 0u;
+    CUTE_UNROLL
+    for (int i = 0; i < kRows; ++i) {
+      const int row = q0 + get<0>(cO(i, 0));
+      const float l_sum = detail::quad_sum(l[i]);  // NaN: the row read a NaN/inf
+      const float l_tot = stale ? __int_as_float(0x7fffffff) : l_sum;
+      float lse = l_tot == 0.f ? -INFINITY : (m[i] * su + log2f(l_tot)) * kLn2;
+      w[i] = l_tot == 0.f ? 0.f : 1.f / l_tot;
+      keep[i] = 0.f;
+      o_base[i] = -1;
+      if (row >= p.num_q) continue;
+      if (p.sink != nullptr) {
+        float ls = -INFINITY;
+        const float* sk = p.sink + std::int64_t(row) * p.sink_row + std::int64_t(h) * p.sink_head;
+        for (int j = 0; j < p.sink_len; ++j) ls = detail::log_add_exp(ls, sk[j * p.sink_s]);
+        const float merged = detail::log_add_exp(lse, ls);
+        if (l_tot > 0.f) w[i] *= expf(lse - merged);
+        lse = merged;
+      }
+      o_base[i] = std::int64_t(row) * p.o_row + std::int64_t(h) * p.o_head;
+      if (p.accumulate) {
+        const float old = p.lse[std::int64_t(row) * p.lse_row + std::int64_t(h) * p.lse_head];
+        const float merged = detail::log_add_exp(old, lse);
+        if (merged != -INFINITY) {
+          keep[i] = old == -INFINITY ? 0.f : expf(old - merged);
+          w[i] *= lse == -INFINITY ? 0.f : expf(lse - merged);
+        } else {
+          keep[i] = 1.f;
+        }
+        lse = merged;
+      }
+      if (lse != lse || lse == INFINITY) {  // docs/numerics.md: out and lse NaN
+        lse = w[i] = __int_as_float(0x7fffffff);
+        any_nan = true;
+      }
+      lse_out[i] = lse;
+    }
+    // A quad's four threads read a row's given LSE above, its first writes it: after all reads.
+    __syncwarp();
+    CUTE_UNROLL
+    for (int i = 0; i < kRows; ++i)
+      if (o_base[i] >= 0 && (ctid & 3) == 0) {
+        const std::int64_t row = q0 + get<0>(cO(i, 0));
+        p.lse[row * p.lse_row + std::int64_t(h) * p.lse_head] = lse_out[i];
+      }
+    // put(row i, index of column jj, of column jj + 1, their values) for the C fragment's
+    // column pairs jj, jj + 1 (jj even), which are adjacent in memory when out_pairs.
+    auto store_o = [&](auto&& put) CUTLASS_LAMBDA_FUNC_INLINE {
+      CUTE_UNROLL
+      for (int i = 0; i < kRows; ++i) {
+        if (o_base[i] < 0) continue;
+        CUTE_UNROLL
+        for (int jj = 0; jj < size<1>(O); jj += 2)
+          put(i, o_base[i] + get<1>(cO(i, jj)), o_base[i] + get<1>(cO(i, jj + 1)),
+              O(i, jj) * w[i], O(i, jj + 1) * w[i]);
+      }
+    };
+    using detail::store2;
+    using I64 = std::int64_t;
+    if (p.accumulate) {  // fp32 out (attention.cc checks it)
+      float* out = static_cast<float*>(p.out);
+      store_o([&](int i, I64 a, I64 b, float x0, float x1) CUTLASS_LAMBDA_FUNC_INLINE {
+        out[a] = x0 + keep[i] * out[a];
+        out[b] = x1 + keep[i] * out[b];
+      });
+    } else if (!p.out_pairs) {
+      store_o([&](int, I64 a, I64 b, float x0, float x1) CUTLASS_LAMBDA_FUNC_INLINE {
+        detail::store(p.out, a, p.out_type, x0);
+        detail::store(p.out, b, p.out_type, x1);
+      });
+    } else if (p.out_type == OutType::kBF16) {
+      store_o([&](int, I64 a, I64, float x0, float x1) CUTLASS_LAMBDA_FUNC_INLINE {
+        store2<OutType::kBF16>(p.out, a, x0, x1);
+      });
+    } else if (p.out_type == OutType::kF16) {
+      store_o([&](int, I64 a, I64, float x0, float x1) CUTLASS_LAMBDA_FUNC_INLINE {
+        store2<OutType::kF16>(p.out, a, x0, x1);
+      });
     } else {
-      finish_pending(false);
-      clear(tOrO);
-      if (leader) Barrier::arrive(&s.q_empty);  // a tile without keys: Q was loaded, never read
-      float w[kRows], keep[kRows];
-      std::int64_t o_base[kRows];
-      finish_rows(q0, h, m, l, mraw, w, keep, o_base);
-      store_out(w, keep, o_base);
+      store_o([&](int, I64 a, I64, float x0, float x1) CUTLASS_LAMBDA_FUNC_INLINE {
+        store2<OutType::kF32>(p.out, a, x0, x1);
+      });
+    }
+    if (p.max_logits != nullptr) {
+      float mr = -INFINITY;
+      CUTE_UNROLL
+      for (int i = 0; i < kRows; ++i)  // without a cap, m is the raw max itself
+        mr = fmaxf(mr, rewrite ? mraw[i] : (m[i] == -INFINITY ? -INFINITY : m[i] * p.scale));
+      for (int off = 16; off > 0; off >>= 1) mr = fmaxf(mr, __shfl_xor_sync(0xffffffff, mr, off));
+      if (__any_sync(0xffffffff, any_nan)) mr = __int_as_float(0x7fffffff);  // a NaN row
+      if ((ctid & 31) == 0 && mr != -INFINITY) detail::atomic_max(p.max_logits + h, mr);
     }
   }
 }
