@@ -31,19 +31,29 @@ _to_dlpack = torch.utils.dlpack.to_dlpack
 
 def _load_cpp_front():
     """magiattn._torch (python/src/torch_ext.cc): the per-call forward in C++, built against
-    the torch of the build. None where it was not built (no torch at build time) or does not
-    load (another torch since): the same calls then run in Python, with a warning for the
-    second case."""
+    the torch of the build. None where it was not built (no torch at build time), does not
+    load, or was built against another torch version (its C++ ABI is not stable across
+    releases): the same calls then run in Python, with a warning for the last two."""
     if importlib.util.find_spec("magiattn._torch") is None:
         return None
     try:
         from . import _torch
     except ImportError as e:
-        warnings.warn(f"magiattn._torch does not load with torch {torch.__version__} ({e}); the "
-                      "torch front runs its per-call path in Python, about 50 us slower a call "
-                      "(reinstall magiattn against this torch)", RuntimeWarning, stacklevel=2)
-        return None
-    return _torch
+        return _cpp_front_unusable(f"it does not load ({e})")
+    return _checked_cpp_front(_torch, torch.__version__)
+
+
+def _checked_cpp_front(module, torch_version: str):
+    if module.built_with_torch != torch_version:
+        return _cpp_front_unusable(f"it was built against torch {module.built_with_torch}")
+    return module
+
+
+def _cpp_front_unusable(why: str) -> None:
+    warnings.warn(f"magiattn._torch is not used with torch {torch.__version__}: {why}; the "
+                  "torch front runs its per-call path in Python, about 50 us slower a call "
+                  "(reinstall magiattn against this torch)", RuntimeWarning, stacklevel=3)
+    return None
 
 
 _cpp = _load_cpp_front()

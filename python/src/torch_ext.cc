@@ -311,6 +311,9 @@ NB_MODULE(_torch, m) {
     throw nb::import_error("magiattn._torch: magiattn._C's C interface is not version 1 "
                            "(rebuild the package)");
   }
+  // torch's C++ ABI changes between releases: torch_ops.py uses this module only with the
+  // torch it was compiled against.
+  m.attr("built_with_torch") = MAGI_TORCH_VERSION;
   m.def("set_backward", [](nb::object f) {
     PyObject* old = magi::py::g_backward;
     magi::py::g_backward = f.release().ptr();

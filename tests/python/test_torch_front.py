@@ -19,6 +19,15 @@ pytestmark = pytest.mark.skipif(
 
 def test_the_cpp_front_loads_when_built():
     assert torch_ops._cpp is not None, "magiattn._torch exists but did not load"
+    assert torch_ops._cpp.built_with_torch == torch.__version__
+
+
+def test_a_module_built_against_another_torch_is_not_used():
+    with pytest.warns(RuntimeWarning, match="built against torch 0.0.1.*runs its per-call "
+                                            "path in Python"):
+        got = torch_ops._checked_cpp_front(type("M", (), {"built_with_torch": "0.0.1"}),
+                                           torch.__version__)
+    assert got is None
 
 
 def _inputs(n=96, hq=4, hkv=2, d=32, dtype=torch.float64, seed=0):
