@@ -133,13 +133,7 @@ struct FwdConfig {
     // V blocks that straddle a piece's key range: the producer posts a job, the fixer warp
     // zeroes the rows past the range once TMA has landed and arrives on v_ready.
     cute::uint64_t v_ready[kStages], job_full[2], job_empty[2];
-    // The item each slot hands the consumers, with what they need of its tile (read by the
-    // producer anyway): so the consumers start an item without a dependent global load.
-    struct Item {
-      std::int64_t index;   // num_items and above: no more work
-      std::int32_t q0;      // the tile's first row
-      std::int32_t flags;   // kHasKeys | kHeadBad
-    } item[2];
+    std::int64_t item[2];
     int job[2][5];  // stage (-1: stop), v_full parity, first row to zero (the block's keys
                     // inside its piece), and for a block with flagged keys its kb and kv head
     detail::BlockInfo info[kStages];  // the block in each K stage (fwd_device.cuh)
@@ -168,7 +162,6 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
   using Barrier = cutlass::arch::ClusterBarrier;
   using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
   constexpr int kBN = C::kBlockN, kStages = C::kStages;
-  constexpr int kHasKeys = 1, kHeadBad = 2;  // Smem::Item::flags
   const FwdParams& p = kp.p;
 
   extern __shared__ char smem_raw[];
@@ -288,21 +281,18 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
       if (lane == 0) item = atomicAdd(p.counter, 1);
       item = __shfl_sync(0xffffffff, item, 0);
       const detail::Ring slot = detail::ring<2>(n);
-      const bool done = item >= num_items;
-      const Tile tile = done ? Tile{} : p.tiles[item / p.heads_q];
-      const int h = int(item % p.heads_q), hk = h / group;
-      const bool head_bad = !done && p.bad_any[hk] != 0u;  // a NaN/inf in this head's K or V
       if (lane == 0) {
         Barrier::wait(&s.item_empty[slot.stage], slot.phase ^ 1);
-        s.item[slot.stage] = {item, tile.q_start,
-                              (tile.piece_begin < tile.piece_end ? kHasKeys : 0) |
-                                  (head_bad ? kHeadBad : 0)};
+        s.item[slot.stage] = item;
         Barrier::arrive(&s.item_full[slot.stage]);
       }
-      if (done) {
+      if (item >= num_items) {
         if (lane == 0) post_job(-1, 0, 0, -1, 0);
         break;
       }
+      const Tile tile = p.tiles[item / p.heads_q];
+      const int h = int(item % p.heads_q), hk = h / group;
+      const bool head_bad = p.bad_any[hk] != 0u;  // a NaN/inf in this head's K or V (rare)
       if (lane == 0) {
         Barrier::wait(&s.q_empty, (n & 1) ^ 1);
         tma_load(kp.tma_q, mQ, tile.q_start, h, s.q_full, sQ);
@@ -404,12 +394,13 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
   for (int n = 0;; ++n) {
     const detail::Ring slot = detail::ring<2>(n);
     Barrier::wait(&s.item_full[slot.stage], slot.phase);
-    const std::int64_t item = s.item[slot.stage].index;
-    const int q0 = s.item[slot.stage].q0, item_flags = s.item[slot.stage].flags;
+    const std::int64_t item = s.item[slot.stage];
     Barrier::arrive(&s.item_empty[slot.stage]);  // each thread hands back its own read
     if (item >= num_items) break;
+    const Tile tile = p.tiles[item / p.heads_q];
     const int h = int(item % p.heads_q);
-    const bool head_bad = item_flags & kHeadBad;  // a NaN/inf in this head's K or V (rare)
+    const int q0 = tile.q_start;
+    const bool head_bad = p.bad_any[h / group] != 0u;  // a NaN/inf in this head's K or V (rare)
 
     float m[kRows], l[kRows], mraw[kRows];
     CUTE_UNROLL
@@ -561,7 +552,7 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
       if ((bi.flags & detail::BlockInfo::kLast) && leader) Barrier::arrive(&s.q_empty);
     };
     TxBarrier::wait(&s.q_full, n & 1);
-    if (item_flags & kHasKeys) {  // the producer walks the blocks (BlockInfo)
+    if (tile.piece_begin < tile.piece_end) {  // the producer walks the blocks (BlockInfo)
       float corr[kRows];
       detail::Ring r = detail::ring<kStages>(blk++);
       TxBarrier::wait(&s.k_full[r.stage], r.phase);
