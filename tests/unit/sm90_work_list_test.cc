@@ -1,6 +1,7 @@
-// The GPU forward's work list (src/kernels/sm90/work_list.h) reproduces the mask exactly: every
-// visible cell is covered by exactly one piece of its row's tile and no piece covers a hidden
-// cell, so the kernel's per-piece predicate computes the same attention as the slice list.
+// The GPU kernels' work lists (src/kernels/sm90/work_list.h) reproduce the mask exactly, along
+// either axis: every visible cell is covered by exactly one piece of its row's query tile (the
+// forward) or of its key's key tile (the backward's transposed view), and no piece covers a
+// hidden cell, so a kernel's per-piece predicate computes the same attention as the slice list.
 #include <gtest/gtest.h>
 
 #include <random>
@@ -19,17 +20,22 @@ bool covers(const Piece& p, std::int64_t q, std::int64_t k) {
   return p.q0 <= q && q < p.q1 && p.k0 <= k && k < p.k1 && p.lo <= k - q && k - q <= p.hi;
 }
 
-void expect_exact(const Mask& mask, std::int32_t bm, std::int32_t bn, const std::string& what) {
-  SCOPED_TRACE(what + " blocks " + std::to_string(bm) + "x" + std::to_string(bn));
-  const WorkList w = make_work_list(mask, bm, bn);
+void expect_exact_along(const Mask& mask, std::int32_t bm, std::int32_t bn, TileAxis axis,
+                        const std::string& what) {
+  const bool by_key = axis == TileAxis::kKey;
+  SCOPED_TRACE(what + " blocks " + std::to_string(bm) + "x" + std::to_string(bn) +
+               (by_key ? ", key tiles" : ", query tiles"));
+  const WorkList w = make_work_list(mask, bm, bn, axis);
+  EXPECT_EQ(w.axis, axis);
   const std::int64_t nq = mask.total_seqlen_q(), nk = mask.total_seqlen_k();
+  const std::int64_t size = by_key ? bn : bm, extent = by_key ? nk : nq;
   const std::vector<std::uint8_t> dense = masks::to_dense(mask);
   std::vector<int> hits(dense.size(), 0);
   std::int64_t blocks = 0;
-  EXPECT_EQ(std::int64_t(w.tiles.size()), (nq + bm - 1) / bm);
+  EXPECT_EQ(std::int64_t(w.tiles.size()), (extent + size - 1) / size);
   for (std::size_t t = 0; t < w.tiles.size(); ++t) {
     const Tile& tile = w.tiles[t];
-    ASSERT_EQ(tile.q_start % bm, 0);
+    ASSERT_EQ(tile.start % size, 0);
     if (t > 0) {
       EXPECT_GE(w.tiles[t - 1].num_blocks, tile.num_blocks) << "not heavy first";
     }
@@ -37,12 +43,17 @@ void expect_exact(const Mask& mask, std::int32_t bm, std::int32_t bn, const std:
     std::int32_t tile_blocks = 0;
     for (std::int32_t i = tile.piece_begin; i < tile.piece_end; ++i) {
       const Piece& p = w.pieces[std::size_t(i)];
-      ASSERT_GE(p.q0, tile.q_start);
-      ASSERT_LE(p.q1, std::min<std::int64_t>(tile.q_start + bm, nq));
+      // Inside the tile along its axis, inside the sequence along the other.
+      const std::int32_t lo = by_key ? p.k0 : p.q0, hi = by_key ? p.k1 : p.q1;
+      ASSERT_GE(lo, tile.start);
+      ASSERT_LE(hi, std::min<std::int64_t>(tile.start + size, extent));
+      ASSERT_LT(p.q0, p.q1);
       ASSERT_LT(p.k0, p.k1);
+      ASSERT_LE(p.q1, nq);
       ASSERT_LE(p.k1, nk);
-      tile_blocks += (p.k1 - p.k0 + bn - 1) / bn;
-      // The kernel visits keys k0, k0 + bn, ... below k1 and masks by the predicate.
+      // The kernel visits blocks k0, k0 + bn, ... (or q0, q0 + bm, ...) and masks by the
+      // predicate.
+      tile_blocks += by_key ? (p.q1 - p.q0 + bm - 1) / bm : (p.k1 - p.k0 + bn - 1) / bn;
       for (std::int64_t q = p.q0; q < p.q1; ++q)
         for (std::int64_t k = p.k0; k < p.k1; ++k)
           if (covers(p, q, k)) ++hits[std::size_t(q * nk + k)];
@@ -54,6 +65,11 @@ void expect_exact(const Mask& mask, std::int32_t bm, std::int32_t bn, const std:
   for (std::int64_t c = 0; c < nq * nk; ++c)
     ASSERT_EQ(hits[std::size_t(c)], int(dense[std::size_t(c)]))
         << "cell (" << c / nk << ", " << c % nk << ")";
+}
+
+void expect_exact(const Mask& mask, std::int32_t bm, std::int32_t bn, const std::string& what) {
+  expect_exact_along(mask, bm, bn, TileAxis::kQuery, what);
+  expect_exact_along(mask, bm, bn, TileAxis::kKey, what);
 }
 
 TEST(Sm90WorkList, BuildersAreCoveredExactly) {
@@ -83,11 +99,33 @@ TEST(Sm90WorkList, TilesThatSeeNothingComeLast) {
   const Mask mask(300, 256, {Slice{{0, 10}, {0, 256}, MaskType::kFull}});
   const WorkList w = make_work_list(mask, 128, 128);
   ASSERT_EQ(w.tiles.size(), 3u) << "every query tile is listed, so every row is written";
-  EXPECT_EQ(w.tiles[0].q_start, 0);
+  EXPECT_EQ(w.tiles[0].start, 0);
   EXPECT_EQ(w.tiles[0].num_blocks, 2);
   EXPECT_EQ(w.tiles[1].piece_begin, w.tiles[1].piece_end);
   EXPECT_EQ(w.tiles[2].num_blocks, 0);
   EXPECT_EQ(w.total_blocks, 2);
+}
+
+TEST(Sm90WorkList, KeyTilesCarryTheRowsThatSeeThem) {
+  // Causal 256 x 256 in key tiles of 128, walked in query blocks of 64: the first key tile is
+  // seen by every row (4 query blocks), the second only by rows 128.. (2 blocks), so it sorts
+  // second; keys no row sees (a hole) still get their tile, with no pieces (dK, dV zero).
+  const Mask causal = masks::causal(256, 256);
+  const WorkList w = make_work_list(causal, 64, 128, TileAxis::kKey);
+  ASSERT_EQ(w.tiles.size(), 2u);
+  EXPECT_EQ(w.tiles[0].start, 0);
+  EXPECT_EQ(w.tiles[0].num_blocks, 4);
+  EXPECT_EQ(w.tiles[1].start, 128);
+  EXPECT_EQ(w.tiles[1].num_blocks, 2);
+  const Piece& p = w.pieces[std::size_t(w.tiles[1].piece_begin)];
+  EXPECT_EQ(p.q0, 128);
+  EXPECT_EQ(p.q1, 256);
+  const Mask hole(64, 384, {Slice{{0, 64}, {0, 128}, MaskType::kFull},
+                            Slice{{0, 64}, {256, 384}, MaskType::kFull}});
+  const WorkList h = make_work_list(hole, 64, 128, TileAxis::kKey);
+  ASSERT_EQ(h.tiles.size(), 3u);
+  EXPECT_EQ(h.tiles[2].start, 128);
+  EXPECT_EQ(h.tiles[2].piece_begin, h.tiles[2].piece_end);
 }
 
 TEST(Sm90WorkList, RejectsBadBlocksAndHugeSequences) {

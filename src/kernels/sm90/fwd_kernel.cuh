@@ -295,7 +295,7 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
       const bool head_bad = p.bad_any[hk] != 0u;  // a NaN/inf in this head's K or V (rare)
       if (lane == 0) {
         Barrier::wait(&s.q_empty, (n & 1) ^ 1);
-        tma_load(kp.tma_q, mQ, tile.q_start, h, s.q_full, sQ);
+        tma_load(kp.tma_q, mQ, tile.start, h, s.q_full, sQ);
       }
       // The walk holds its piece in registers; all lanes pull the next 32 pieces into L1
       // together whenever it enters a new group of 32 (so a tile of many small pieces does
@@ -319,7 +319,7 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
         const bool new_piece = it.advance(p.pieces, kBN);  // it: the next block
         if (!it.valid()) info.flags |= detail::BlockInfo::kLast;
         for (int w = 0; w < C::kWarpgroups; ++w)
-          if (detail::covers(pc, tile.q_start + 64 * w, 64, info.kb, kBN))
+          if (detail::covers(pc, tile.start + 64 * w, 64, info.kb, kBN))
             info.flags |= detail::BlockInfo::kFullRows << w;
         // A head with a flagged key row (rare) has the fixer look at each of its blocks with
         // masked cells, to zero the flagged V rows there (where every row sees every key,
@@ -399,7 +399,7 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
     if (item >= num_items) break;
     const Tile tile = p.tiles[item / p.heads_q];
     const int h = int(item % p.heads_q);
-    const int q0 = tile.q_start;
+    const int q0 = tile.start;
     const bool head_bad = p.bad_any[h / group] != 0u;  // a NaN/inf in this head's K or V (rare)
 
     float m[kRows], l[kRows], mraw[kRows];

@@ -1,4 +1,4 @@
-// O(slices + tiles touched): each slice visits the query tiles its q range spans.
+// O(slices + tiles touched): each slice visits the tiles its range on the axis spans.
 #include "work_list.h"
 
 #include <algorithm>
@@ -15,35 +15,45 @@ std::int32_t clamp_band(std::int64_t x) {
 
 }  // namespace
 
-WorkList make_work_list(const Mask& mask, std::int32_t block_m, std::int32_t block_n) {
+WorkList make_work_list(const Mask& mask, std::int32_t block_m, std::int32_t block_n,
+                        TileAxis axis) {
   MAGI_CHECK(block_m > 0 && block_n > 0, "work list: block sizes must be positive, got ",
              block_m, " x ", block_n);
   const std::int64_t nq = mask.total_seqlen_q(), nk = mask.total_seqlen_k();
   constexpr std::int64_t kMaxTokens = std::int64_t(1) << 30;
-  MAGI_CHECK(nq < kMaxTokens && nk < kMaxTokens, "GPU forward: ", nq, " query / ", nk,
-             " key tokens exceed the kernel's 32-bit index range (", kMaxTokens, ")");
-  const std::int64_t num_tiles = (nq + block_m - 1) / block_m;
+  MAGI_CHECK(nq < kMaxTokens && nk < kMaxTokens, "GPU kernels: ", nq, " query / ", nk,
+             " key tokens exceed the kernels' 32-bit index range (", kMaxTokens, ")");
+  const bool by_key = axis == TileAxis::kKey;
+  const std::int64_t size = by_key ? block_n : block_m;  // of a tile, along the axis
+  const std::int64_t step = by_key ? block_m : block_n;  // of a block, along the other
+  const std::int64_t num_tiles = ((by_key ? nk : nq) + size - 1) / size;
   std::vector<std::vector<Piece>> per_tile(static_cast<std::size_t>(num_tiles));
   for (const Slice& s : mask.slices()) {
     if (s.q_range.empty() || s.k_range.empty()) continue;
     const Band band = band_of(s);
-    for (std::int64_t t = s.q_range.start / block_m; t * block_m < s.q_range.end; ++t) {
-      const Range rows = Range{t * block_m, (t + 1) * block_m}.intersect(s.q_range);
-      const Range keys = keys_seen_by(s, rows);
-      if (keys.empty()) continue;
+    const Range span = by_key ? s.k_range : s.q_range;
+    for (std::int64_t t = span.start / size; t * size < span.end; ++t) {
+      const Range part = Range{t * size, (t + 1) * size}.intersect(span);
+      // The rows (keys) of the part, and the keys (rows) they see; for key tiles, also the
+      // part's keys trimmed to those rows' view.
+      const Range rows = by_key ? rows_seeing(s, part) : part;
+      const Range keys = by_key ? keys_seen_by(s, rows).intersect(part) : keys_seen_by(s, rows);
+      if (rows.empty() || keys.empty()) continue;
       per_tile[std::size_t(t)].push_back(Piece{std::int32_t(rows.start), std::int32_t(rows.end),
                                                std::int32_t(keys.start), std::int32_t(keys.end),
                                                clamp_band(band.lo), clamp_band(band.hi)});
     }
   }
   WorkList w;
+  w.axis = axis;
   w.block_m = block_m;
   w.block_n = block_n;
   for (std::int64_t t = 0; t < num_tiles; ++t) {
     auto& ps = per_tile[std::size_t(t)];
-    Tile tile{std::int32_t(t * block_m), std::int32_t(w.pieces.size()), 0, 0};
+    Tile tile{std::int32_t(t * size), std::int32_t(w.pieces.size()), 0, 0};
     for (const Piece& p : ps) {
-      tile.num_blocks += (p.k1 - p.k0 + block_n - 1) / block_n;
+      const std::int64_t extent = by_key ? p.q1 - p.q0 : p.k1 - p.k0;
+      tile.num_blocks += std::int32_t((extent + step - 1) / step);
       w.pieces.push_back(p);
     }
     tile.piece_end = std::int32_t(w.pieces.size());
