@@ -185,3 +185,40 @@ def test_cpu_range_layouts(layout):
     for _ in range(3):  # first call, then hits
         out = magiattn.flex_flash_attn_func(q, k, v, *ranges)[0]
         np.testing.assert_array_equal(out.numpy(), want)
+
+
+def test_inference_mode_and_inference_range_tensors():
+    # Inference tensors have no version counter: never recognised by identity, read every call.
+    q, k, v = (x.detach() for x in _inputs())
+    with torch.inference_mode():
+        ranges = _ranges(masks.causal(96, 96))
+        first = magiattn.flex_flash_attn_func(q, k, v, *ranges)[0]
+        ranges[2].fill_(0)  # causal -> full; no version bump on an inference tensor
+        second = magiattn.flex_flash_attn_func(q, k, v, *ranges)[0]
+    assert not first.requires_grad
+    assert not torch.equal(first, second)
+    assert torch.equal(second, _reference(q, k, v, ranges))
+
+
+def test_threads_share_the_front():
+    import threading
+
+    q, k, v = (x.detach() for x in _inputs())
+    ranges = _ranges(masks.varlen_causal([0, 40, 96]))
+    want = magiattn.flex_flash_attn_func(q, k, v, *ranges)[0]
+    results, errors = [], []
+
+    def work():
+        try:
+            for _ in range(20):
+                results.append(magiattn.flex_flash_attn_func(q, k, v, *ranges)[0])
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert len(results) == 80 and all(torch.equal(r, want) for r in results)
