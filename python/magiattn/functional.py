@@ -151,9 +151,6 @@ def _raw_key(torch: Any, nq: int, nk: int, q: Any, k: Any, types: Any) -> Option
     return tuple(parts)
 
 
-_IDENTITY_CPU_DTYPES: tuple = ()  # torch.int32, torch.int64 once torch is imported
-
-
 def prepared_mask(total_seqlen_q: int, total_seqlen_k: int, q_ranges: Any, k_ranges: Any,
                   attn_type_map: Any = None, *, _cpu_by_identity: bool = False) -> Any:
     """The cached ``_C.PreparedMask`` of these ranges (see the cache notes above): CUDA range
@@ -161,13 +158,10 @@ def prepared_mask(total_seqlen_q: int, total_seqlen_k: int, q_ranges: Any, k_ran
     ``_cpu_by_identity`` (magiattn._torch, which compares CPU ranges with the mask on every
     call and raises StaleRanges on a difference), int32/int64 CPU tensors are recognised the
     same way instead of by their bytes."""
-    global _IDENTITY_CPU_DTYPES
     torch = sys.modules.get("torch")
-    if _cpu_by_identity and not _IDENTITY_CPU_DTYPES:
-        _IDENTITY_CPU_DTYPES = (torch.int32, torch.int64)
     by_identity = (torch is not None and isinstance(q_ranges, torch.Tensor)
                    and (q_ranges.is_cuda
-                        or (_cpu_by_identity and q_ranges.dtype in _IDENTITY_CPU_DTYPES))
+                        or (_cpu_by_identity and q_ranges.dtype in (torch.int32, torch.int64)))
                    and isinstance(k_ranges, torch.Tensor)
                    and (attn_type_map is None or isinstance(attn_type_map, torch.Tensor)))
     if not by_identity:

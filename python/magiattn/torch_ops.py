@@ -6,9 +6,9 @@ op per direction (fake impls give shapes and dtypes) and the mask is looked up i
 cache at run time (functional.py: CUDA range tensors by identity, without reading them).
 Eager calls run in C++ (magiattn._torch: allocation, launch and the autograd node, about
 50 us less host time a call than Python) where the package was built against this torch,
-else through an ``autograd.Function`` with the same impl and autograd rule (cheaper than the
-custom op's dispatch); all three paths share _forward_impl's kernel call and _backward_impl. ``lse`` and ``max_logits`` are returned
-without gradient: backward differentiates ``out`` only (and the sink through it).
+else through an ``autograd.Function`` over the custom op's impl (cheaper than the custom op's
+dispatch); all three paths share one backward (_backward_impl). ``lse`` and ``max_logits``
+are returned without gradient: backward differentiates ``out`` only (and the sink through it).
 """
 
 from __future__ import annotations
