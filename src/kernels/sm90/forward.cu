@@ -33,35 +33,58 @@ __global__ void fill_kernel(float* x, int n, float value) {
   if (i < n) x[i] = value;
 }
 
-// One warp per (32 key rows, kv head): bit j of the word is set when row 32 * word + j of K or
-// of V holds a NaN or inf (docs/numerics.md). One read of K and V, about 1 % of a 32k causal
-// forward; words past the last row (the padding the kernel's unaligned reads touch) are 0.
-// With a RangeCheck, the warps of kv head 0 also compare the caller's device ranges with the
-// prepared copy and set *stale on any difference.
+// One block per (32 key rows, kv head): bit j of the word is set when row 32 * word + j of K
+// or of V holds a NaN or inf (docs/numerics.md). Every thread issues all its loads before it
+// tests any (up to 4 of K and 4 of V at D 256), so the pass runs at memory bandwidth even where
+// K and V are a few MB (2k tokens: 10 us with one warp a block and one load in flight, now
+// about 3). Words past the last row (the padding the kernel's unaligned reads touch) are 0.
+// With a RangeCheck, the blocks of kv head 0 also compare the caller's device ranges with the
+// prepared copy and set *stale on any difference. The forward kernel is launched as this
+// pass's programmatic dependent: it may start as soon as every block here has started.
+constexpr int kFlagThreads = 256;
+constexpr int kFlagLoads = 4;  // per thread and tensor: 32 rows x D / 8 chunks
+static_assert(kFlagThreads * kFlagLoads >= 32 * 256 / 8, "the largest kernel head dim, 256");
 template <bool kBf16>
-__global__ void flag_bad_rows(FwdParams p, int chunks, unsigned* flags, unsigned* any,
-                              RangeCheck rc) {
-  const int word = int(blockIdx.x), head = int(blockIdx.y), lane = int(threadIdx.x);
-  unsigned bits = 0;
-  for (int i = lane; i < 32 * chunks; i += 32) {
-    const int r = i / chunks, row = 32 * word + r, c = i % chunks;
-    if (row >= p.num_k) break;
+__global__ void __launch_bounds__(kFlagThreads) flag_bad_rows(FwdParams p, int chunks,
+                                                              unsigned* flags, unsigned* any,
+                                                              RangeCheck rc) {
+  detail::launch_dependents();
+  __shared__ unsigned warp_bits[kFlagThreads / 32];
+  const int word = int(blockIdx.x), head = int(blockIdx.y), t = int(threadIdx.x);
+  uint4 kc[kFlagLoads], vc[kFlagLoads];
+  bool live[kFlagLoads];
+#pragma unroll
+  for (int j = 0; j < kFlagLoads; ++j) {
+    const int i = t + j * kFlagThreads, row = 32 * word + i / chunks;
+    live[j] = i < 32 * chunks && row < p.num_k;
+    if (!live[j]) continue;
     const auto* k = static_cast<const std::uint16_t*>(p.k) + row * p.k_row + head * p.k_head;
     const auto* v = static_cast<const std::uint16_t*>(p.v) + row * p.v_row + head * p.v_head;
-    const uint4 kc = reinterpret_cast<const uint4*>(k)[c], vc = reinterpret_cast<const uint4*>(v)[c];
-    if (detail::non_finite8<kBf16>(kc) || detail::non_finite8<kBf16>(vc)) bits |= 1u << r;
+    kc[j] = reinterpret_cast<const uint4*>(k)[i % chunks];
+    vc[j] = reinterpret_cast<const uint4*>(v)[i % chunks];
   }
+  unsigned bits = 0;
+#pragma unroll
+  for (int j = 0; j < kFlagLoads; ++j)
+    if (live[j] && (detail::non_finite8<kBf16>(kc[j]) || detail::non_finite8<kBf16>(vc[j])))
+      bits |= 1u << ((t + j * kFlagThreads) / chunks);
   bits = __reduce_or_sync(0xffffffffu, bits);
-  if (lane == 0) flags[std::int64_t(head) * gridDim.x + word] = bits;
-  if (lane == 0 && bits != 0u) atomicOr(&any[head], 1u);
+  if (t % 32 == 0) warp_bits[t / 32] = bits;
+  __syncthreads();
+  if (t == 0) {
+    unsigned all = 0;
+    for (unsigned b : warp_bits) all |= b;
+    flags[std::int64_t(head) * gridDim.x + word] = all;
+    if (all != 0u) atomicOr(&any[head], 1u);
+  }
   if (rc.count == 0 || head != 0) return;
-  // Row 0 of the grid also compares the caller's ranges with the prepared ones, a slice a lane.
+  // Head 0's blocks also compare the caller's ranges with the prepared ones, a slice a thread.
   auto load = [](const void* base, int bytes, int i) {
     return bytes == 8 ? static_cast<const long long*>(base)[i]
                       : static_cast<long long>(static_cast<const int*>(base)[i]);
   };
   bool differs = false;
-  for (int i = word * 32 + lane; i < rc.count; i += int(gridDim.x) * 32) {
+  for (int i = word * kFlagThreads + t; i < rc.count; i += int(gridDim.x) * kFlagThreads) {
     const std::int32_t* e = rc.expect + 5 * i;
     differs |= load(rc.q, rc.range_bytes, 2 * i) != e[0] ||
                load(rc.q, rc.range_bytes, 2 * i + 1) != e[1] ||
@@ -69,7 +92,7 @@ __global__ void flag_bad_rows(FwdParams p, int chunks, unsigned* flags, unsigned
                load(rc.k, rc.range_bytes, 2 * i + 1) != e[3] ||
                (rc.types == nullptr ? 0 : load(rc.types, rc.type_bytes, i)) != e[4];
   }
-  if (__any_sync(0xffffffffu, differs) && lane == 0) atomicOr(rc.stale, 1u);
+  if (__any_sync(0xffffffffu, differs) && t % 32 == 0) atomicOr(rc.stale, 1u);
 }
 
 using Launcher = cudaError_t (*)(const FwdParams&, int, std::int64_t, cudaStream_t);
@@ -331,9 +354,9 @@ void forward(const Mask& mask, const PreparedMask* prepared, const FwdArgs& a, c
   const dim3 flag_grid(unsigned(ws.bad_words), unsigned(dm.heads_kv));
   const int chunks = int(dm.head_dim / 8);
   if (a.k.dtype == DType::kBF16)
-    flag_bad_rows<true><<<flag_grid, 32, 0, stream>>>(p, chunks, flags, any, rc);
+    flag_bad_rows<true><<<flag_grid, kFlagThreads, 0, stream>>>(p, chunks, flags, any, rc);
   else
-    flag_bad_rows<false><<<flag_grid, 32, 0, stream>>>(p, chunks, flags, any, rc);
+    flag_bad_rows<false><<<flag_grid, kFlagThreads, 0, stream>>>(p, chunks, flags, any, rc);
   MAGI_CUDA_CHECK(cudaGetLastError(), "row flag launch");
 
   const std::int64_t items = std::int64_t(p.num_tiles) * dm.heads_q;

@@ -186,6 +186,14 @@ __device__ inline bool covers(const Piece& pc, int r0, int rows, int kb, int blo
          kb - (r0 + rows - 1) >= pc.lo && kb + block_n - 1 - r0 <= pc.hi;
 }
 
+// Programmatic dependent launch (sm90): the pre-pass lets the forward kernel, launched as its
+// dependent, start its CTAs early; the kernel waits for the pre-pass's completion and memory
+// before its first global access. Both are no-ops without the launch attribute.
+__device__ inline void launch_dependents() { asm volatile("griddepcontrol.launch_dependents;"); }
+__device__ inline void wait_for_prerequisites() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+}
+
 // Pulls a line into L1 (no register, no wait).
 __device__ inline void prefetch_l1(const void* ptr) {
   asm volatile("prefetch.global.L1 [%0];" ::"l"(ptr));

@@ -196,6 +196,9 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
     cutlass::arch::fence_barrier_init();
   }
   __syncthreads();
+  // Launched as the row-flag pass's dependent (programmatic launch): everything above ran
+  // while it drained; nothing below reads global memory before it completed.
+  detail::wait_for_prerequisites();
 
   if (warpgroup == 0) {
     // ---------------------------------------------------------------- producer
