@@ -294,6 +294,8 @@ void forward(const Mask& mask, const PreparedMask* prepared, const FwdArgs& a, c
   p.accumulate = r.accumulate;
   p.out_pairs = p.o_row % 2 == 0 && p.o_head % 2 == 0 &&
                 reinterpret_cast<std::uintptr_t>(p.out) % (2 * dtype_size(a.out.dtype)) == 0;
+  p.out_rows16 = p.out_type != OutType::kF32 && !p.accumulate && p.o_row % 8 == 0 &&
+                 p.o_head % 8 == 0 && reinterpret_cast<std::uintptr_t>(p.out) % 16 == 0;
 
   if (a.max_logits) {
     p.max_logits = static_cast<float*>(a.max_logits->data);

@@ -172,6 +172,36 @@ __device__ inline void block_row_flags(const unsigned* head_flags, int kb, int l
   }
 }
 
+// A 4 x 4 transpose over the four threads of a quad (q = lane % 4): afterwards x[c] of thread q
+// is what x[q] of thread c was. Two shuffle rounds, each swapping one bit of the thread index
+// with the same bit of the element index. Every lane of the warp must take part.
+__device__ inline void quad_transpose(unsigned (&x)[4], int q) {
+  const bool b0 = q & 1, b1 = q & 2;
+  unsigned a = __shfl_xor_sync(0xffffffffu, b0 ? x[0] : x[1], 1);
+  unsigned b = __shfl_xor_sync(0xffffffffu, b0 ? x[2] : x[3], 1);
+  if (b0) x[0] = a, x[2] = b;
+  else x[1] = a, x[3] = b;
+  a = __shfl_xor_sync(0xffffffffu, b1 ? x[0] : x[2], 2);
+  b = __shfl_xor_sync(0xffffffffu, b1 ? x[1] : x[3], 2);
+  if (b1) x[0] = a, x[1] = b;
+  else x[2] = a, x[3] = b;
+}
+
+// Two floats as one bf16x2 / fp16x2 word (the lower column in the low half).
+template <OutType kT>
+__device__ inline unsigned pack2(float x0, float x1) {
+  static_assert(kT != OutType::kF32);
+  unsigned u;
+  if constexpr (kT == OutType::kBF16) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(x0, x1);
+    memcpy(&u, &v, 4);
+  } else {
+    const __half2 v = __floats2half2_rn(x0, x1);
+    memcpy(&u, &v, 4);
+  }
+  return u;
+}
+
 // Whether 8 bf16 (kBf16) or fp16 values hold a NaN or inf: all exponent bits set.
 template <bool kBf16>
 __device__ inline bool non_finite8(uint4 x) {

@@ -680,6 +680,34 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
         out[a] = x0 + keep[i] * out[a];
         out[b] = x1 + keep[i] * out[b];
       });
+    } else if (p.out_rows16) {
+      // 16 bytes a store: the C fragment gives a quad's thread q the column pairs 8 g + 2 q
+      // of each group g of 8 columns (its rows are the quad's), so after a transpose over the
+      // quad of four groups' pairs, thread q holds the 8 columns of group g0 + q. A quarter of
+      // the store instructions of the paired path, each row's 64 bytes whole sectors: measured
+      // ~5000 -> ... cycles of the item's epilogue at D 128 (docs/benchmarks.md).
+      auto rows16 = [&](auto pack) CUTLASS_LAMBDA_FUNC_INLINE {
+        const int q = ctid & 3;
+        CUTE_UNROLL
+        for (int i = 0; i < kRows; ++i) {
+          CUTE_UNROLL
+          for (int g0 = 0; g0 < size<1>(O) / 2; g0 += 4) {
+            unsigned x[4];
+            CUTE_UNROLL
+            for (int c = 0; c < 4; ++c)
+              x[c] = pack(O(i, 2 * (g0 + c)) * w[i], O(i, 2 * (g0 + c) + 1) * w[i]);
+            detail::quad_transpose(x, q);  // every lane, also on rows past the end
+            if (o_base[i] >= 0)
+              *reinterpret_cast<uint4*>(static_cast<std::uint16_t*>(p.out) + o_base[i] +
+                                        8 * (g0 + q)) = make_uint4(x[0], x[1], x[2], x[3]);
+          }
+        }
+      };
+      static_assert(decltype(size<1>(O))::value % 8 == 0, "groups of 8 columns, four at a time");
+      if (p.out_type == OutType::kBF16)
+        rows16([](float a, float b) { return detail::pack2<OutType::kBF16>(a, b); });
+      else
+        rows16([](float a, float b) { return detail::pack2<OutType::kF16>(a, b); });
     } else if (!p.out_pairs) {
       store_o([&](int, I64 a, I64 b, float x0, float x1) CUTLASS_LAMBDA_FUNC_INLINE {
         detail::store(p.out, a, p.out_type, x0);

@@ -64,6 +64,7 @@ struct FwdParams {
   OutType out_type = OutType::kBF16;
   bool accumulate = false;  // out (fp32) and lse hold a partial result to merge with
   bool out_pairs = false;   // out's strides and pointer let two adjacent columns go as one store
+  bool out_rows16 = false;  // 16-bit out whose strides and pointer let 8 columns go as one 16-byte store
   // Work list on the device, and the persistent scheduler's counter (zeroed per launch).
   const Tile* tiles = nullptr;
   const Piece* pieces = nullptr;
