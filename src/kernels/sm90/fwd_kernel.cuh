@@ -554,6 +554,70 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
     auto release_q_after_last = [&](const detail::BlockInfo& bi) {
       if ((bi.flags & detail::BlockInfo::kLast) && leader) Barrier::arrive(&s.q_empty);
     };
+    // The rows' weights (out = w * O + keep * the given partial output), LSE and max_logits
+    // need no O: computed while the item's last P V runs (finish_rows), then O is stored.
+    float w[kRows], keep[kRows];  // out = w * O + keep * (the given partial output)
+    float lse_out[kRows];
+    std::int64_t o_base[kRows];   // -1: a row past the end
+    auto finish_rows = [&]() {
+      bool any_nan = false;         // a row of this thread is NaN (max_logits)
+      // Ranges that differ from the prepared ones (FwdParams::stale): every row NaN, as a row
+      // that read a NaN.
+      const bool stale = p.stale != nullptr && *p.stale != 0u;
+      CUTE_UNROLL
+      for (int i = 0; i < kRows; ++i) {
+        const int row = q0 + get<0>(cO(i, 0));
+        const float l_sum = detail::quad_sum(l[i]);  // NaN: the row read a NaN/inf
+        const float l_tot = stale ? __int_as_float(0x7fffffff) : l_sum;
+        float lse = l_tot == 0.f ? -INFINITY : (m[i] * su + log2f(l_tot)) * kLn2;
+        w[i] = l_tot == 0.f ? 0.f : 1.f / l_tot;
+        keep[i] = 0.f;
+        o_base[i] = -1;
+        if (row >= p.num_q) continue;
+        if (p.sink != nullptr) {
+          float ls = -INFINITY;
+          const float* sk = p.sink + std::int64_t(row) * p.sink_row + std::int64_t(h) * p.sink_head;
+          for (int j = 0; j < p.sink_len; ++j) ls = detail::log_add_exp(ls, sk[j * p.sink_s]);
+          const float merged = detail::log_add_exp(lse, ls);
+          if (l_tot > 0.f) w[i] *= expf(lse - merged);
+          lse = merged;
+        }
+        o_base[i] = std::int64_t(row) * p.o_row + std::int64_t(h) * p.o_head;
+        if (p.accumulate) {
+          const float old = p.lse[std::int64_t(row) * p.lse_row + std::int64_t(h) * p.lse_head];
+          const float merged = detail::log_add_exp(old, lse);
+          if (merged != -INFINITY) {
+            keep[i] = old == -INFINITY ? 0.f : expf(old - merged);
+            w[i] *= lse == -INFINITY ? 0.f : expf(lse - merged);
+          } else {
+            keep[i] = 1.f;
+          }
+          lse = merged;
+        }
+        if (lse != lse || lse == INFINITY) {  // docs/numerics.md: out and lse NaN
+          lse = w[i] = __int_as_float(0x7fffffff);
+          any_nan = true;
+        }
+        lse_out[i] = lse;
+      }
+      // A quad's four threads read a row's given LSE above, its first writes it: after all reads.
+      __syncwarp();
+      CUTE_UNROLL
+      for (int i = 0; i < kRows; ++i)
+        if (o_base[i] >= 0 && (ctid & 3) == 0) {
+          const std::int64_t row = q0 + get<0>(cO(i, 0));
+          p.lse[row * p.lse_row + std::int64_t(h) * p.lse_head] = lse_out[i];
+        }
+      if (p.max_logits != nullptr) {
+        float mr = -INFINITY;
+        CUTE_UNROLL
+        for (int i = 0; i < kRows; ++i)  // without a cap, m is the raw max itself
+          mr = fmaxf(mr, rewrite ? mraw[i] : (m[i] == -INFINITY ? -INFINITY : m[i] * p.scale));
+        for (int off = 16; off > 0; off >>= 1) mr = fmaxf(mr, __shfl_xor_sync(0xffffffff, mr, off));
+        if (__any_sync(0xffffffff, any_nan)) mr = __int_as_float(0x7fffffff);  // a NaN row
+        if ((ctid & 31) == 0 && mr != -INFINITY) detail::atomic_max(p.max_logits + h, mr);
+      }
+    };
     TxBarrier::wait(&s.q_full, n & 1);
     if (tile.piece_begin < tile.piece_end) {  // the producer walks the blocks (BlockInfo)
       float corr[kRows];
@@ -597,69 +661,20 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
       }
       wait_v(prev, prev_edge);
       issue_pv(prev.stage);
+      finish_rows();  // under the last P V
       warpgroup_wait<0>();
       warpgroup_fence_operand(tOrO);
       warpgroup_fence_operand(tOrP);
       if (leader) Barrier::arrive(&s.v_empty[prev.stage]);
-    } else if (leader) {
-      Barrier::arrive(&s.q_empty);  // a tile without keys: Q was loaded and never read
+    } else {
+      if (leader) Barrier::arrive(&s.q_empty);  // a tile without keys: Q was loaded and never read
+      finish_rows();
     }
 
-    // Epilogue: normalise, sink, merge with a given partial result, store. The rows' weights
-    // and LSE first; then O in one straight-line pass for the output kind, chosen once per tile
-    // (a switch on the dtype beside every store made the epilogue ~3000 instructions of
-    // branches, 20 % of the stall samples on 8k sliding window).
-    float w[kRows], keep[kRows];  // out = w * O + keep * (the given partial output)
-    float lse_out[kRows];
-    std::int64_t o_base[kRows];   // -1: a row past the end
-    bool any_nan = false;         // a row of this thread is NaN (max_logits)
-    // Ranges that differ from the prepared ones (FwdParams::stale): every row NaN, as a row
-    // that read a NaN.
-    const bool stale = p.stale != nullptr && *p.stale != 0u;
-    CUTE_UNROLL
-    for (int i = 0; i < kRows; ++i) {
-      const int row = q0 + get<0>(cO(i, 0));
-      const float l_sum = detail::quad_sum(l[i]);  // NaN: the row read a NaN/inf
-      const float l_tot = stale ? __int_as_float(0x7fffffff) : l_sum;
-      float lse = l_tot == 0.f ? -INFINITY : (m[i] * su + log2f(l_tot)) * kLn2;
-      w[i] = l_tot == 0.f ? 0.f : 1.f / l_tot;
-      keep[i] = 0.f;
-      o_base[i] = -1;
-      if (row >= p.num_q) continue;
-      if (p.sink != nullptr) {
-        float ls = -INFINITY;
-        const float* sk = p.sink + std::int64_t(row) * p.sink_row + std::int64_t(h) * p.sink_head;
-        for (int j = 0; j < p.sink_len; ++j) ls = detail::log_add_exp(ls, sk[j * p.sink_s]);
-        const float merged = detail::log_add_exp(lse, ls);
-        if (l_tot > 0.f) w[i] *= expf(lse - merged);
-        lse = merged;
-      }
-      o_base[i] = std::int64_t(row) * p.o_row + std::int64_t(h) * p.o_head;
-      if (p.accumulate) {
-        const float old = p.lse[std::int64_t(row) * p.lse_row + std::int64_t(h) * p.lse_head];
-        const float merged = detail::log_add_exp(old, lse);
-        if (merged != -INFINITY) {
-          keep[i] = old == -INFINITY ? 0.f : expf(old - merged);
-          w[i] *= lse == -INFINITY ? 0.f : expf(lse - merged);
-        } else {
-          keep[i] = 1.f;
-        }
-        lse = merged;
-      }
-      if (lse != lse || lse == INFINITY) {  // docs/numerics.md: out and lse NaN
-        lse = w[i] = __int_as_float(0x7fffffff);
-        any_nan = true;
-      }
-      lse_out[i] = lse;
-    }
-    // A quad's four threads read a row's given LSE above, its first writes it: after all reads.
-    __syncwarp();
-    CUTE_UNROLL
-    for (int i = 0; i < kRows; ++i)
-      if (o_base[i] >= 0 && (ctid & 3) == 0) {
-        const std::int64_t row = q0 + get<0>(cO(i, 0));
-        p.lse[row * p.lse_row + std::int64_t(h) * p.lse_head] = lse_out[i];
-      }
+    // Epilogue: O normalised, merged with a given partial result, stored, in one straight-line
+    // pass for the output kind, chosen once per tile (a switch on the dtype beside every store
+    // made the epilogue ~3000 instructions of branches, 20 % of the stall samples on 8k
+    // sliding window).
     // put(row i, index of column jj, of column jj + 1, their values) for the C fragment's
     // column pairs jj, jj + 1 (jj even), which are adjacent in memory when out_pairs.
     auto store_o = [&](auto&& put) CUTLASS_LAMBDA_FUNC_INLINE {
@@ -725,15 +740,6 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
       store_o([&](int, I64 a, I64, float x0, float x1) CUTLASS_LAMBDA_FUNC_INLINE {
         store2<OutType::kF32>(p.out, a, x0, x1);
       });
-    }
-    if (p.max_logits != nullptr) {
-      float mr = -INFINITY;
-      CUTE_UNROLL
-      for (int i = 0; i < kRows; ++i)  // without a cap, m is the raw max itself
-        mr = fmaxf(mr, rewrite ? mraw[i] : (m[i] == -INFINITY ? -INFINITY : m[i] * p.scale));
-      for (int off = 16; off > 0; off >>= 1) mr = fmaxf(mr, __shfl_xor_sync(0xffffffff, mr, off));
-      if (__any_sync(0xffffffff, any_nan)) mr = __int_as_float(0x7fffffff);  // a NaN row
-      if ((ctid & 31) == 0 && mr != -INFINITY) detail::atomic_max(p.max_logits + h, mr);
     }
   }
 }
