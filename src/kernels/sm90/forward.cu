@@ -37,7 +37,7 @@ __global__ void fill_kernel(float* x, int n, float value) {
 // or of V holds a NaN or inf (docs/numerics.md). Every thread issues all its loads before it
 // tests any (up to 4 of K and 4 of V at D 256), so the pass runs at memory bandwidth even where
 // K and V are a few MB (2k tokens: 10 us with one warp a block and one load in flight, now
-// about 3). Words past the last row (the padding the kernel's unaligned reads touch) are 0.
+// 4). Words past the last row (the padding the kernel's unaligned reads touch) are 0.
 // With a RangeCheck, the blocks of kv head 0 also compare the caller's device ranges with the
 // prepared copy and set *stale on any difference. The forward kernel is launched as this
 // pass's programmatic dependent: it may start as soon as every block here has started.

@@ -699,8 +699,8 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
       // 16 bytes a store: the C fragment gives a quad's thread q the column pairs 8 g + 2 q
       // of each group g of 8 columns (its rows are the quad's), so after a transpose over the
       // quad of four groups' pairs, thread q holds the 8 columns of group g0 + q. A quarter of
-      // the store instructions of the paired path, each row's 64 bytes whole sectors: measured
-      // ~5000 -> ... cycles of the item's epilogue at D 128 (docs/benchmarks.md).
+      // the store instructions of the paired path, each row's 64 bytes whole sectors: the O
+      // store of an item went from 5000 to 1900 cycles at D 128 (docs/benchmarks.md).
       auto rows16 = [&](auto pack) CUTLASS_LAMBDA_FUNC_INLINE {
         const int q = ctid & 3;
         CUTE_UNROLL
