@@ -218,7 +218,7 @@ def ffa_backward(
                 dq, dk, dv, mask, sink=None if sink is None else sink.detach(),
                 dsink=None if sink is None else dsink, softmax_scale=softmax_scale,
                 softcap=softcap, sink_layout=sink_layout, deterministic=deterministic,
-                sm_margin=sm_margin)
+                sm_margin=sm_margin, cuda_stream=_stream(q))
     return dq, dk, dv, dsink
 
 

@@ -41,9 +41,10 @@ void backward(nb::handle dout, nb::handle q, nb::handle k, nb::handle v, nb::han
               nb::handle lse, nb::handle dq, nb::handle dk, nb::handle dv, const Mask& mask,
               nb::handle sink, nb::handle dsink, std::optional<double> softmax_scale,
               double softcap, const std::string& sink_layout, bool accumulate, bool deterministic,
-              int num_threads, int sm_margin) {
-  const AttnOptions opts = attn_options(softmax_scale, softcap, sink_layout, accumulate,
-                                        deterministic, num_threads, sm_margin);
+              int num_threads, int sm_margin, std::uintptr_t cuda_stream) {
+  AttnOptions opts = attn_options(softmax_scale, softcap, sink_layout, accumulate,
+                                  deterministic, num_threads, sm_margin);
+  opts.cuda_stream = cuda_stream;
   TensorArgs t;
   const BwdArgs a = bwd_args(t, dout, q, k, v, out, lse, dq, dk, dv, sink, dsink);
   nb::gil_scoped_release release;
@@ -173,7 +174,9 @@ void bind_attention(nb::module_& m) {
         "softcap"_a = defaults.softcap, "sink_layout"_a = "sh",
         "accumulate"_a = defaults.accumulate, "deterministic"_a = defaults.deterministic,
         "num_threads"_a = defaults.num_threads, "sm_margin"_a = defaults.sm_margin,
-        "FFA backward (docs/semantics.md §2) into dq, dk, dv (and dsink); returns None");
+        "cuda_stream"_a = 0,
+        "FFA backward (docs/semantics.md §2) into dq, dk, dv (and dsink); returns None. CUDA "
+        "tensors run on cuda_stream (a cudaStream_t as an int; 0: the default stream)");
   m.def("fwd_flops", &attn_fwd_flops, "area"_a, "heads_q"_a, "head_dim"_a,
         "4 * area * heads_q * head_dim (docs/semantics.md §4); backward is 2.5x");
 }

@@ -36,6 +36,9 @@ void backward(const Mask& mask, const BwdArgs& args, const Resolved& r);
 namespace sm90 {
 void forward(const Mask& mask, const PreparedMask* prepared, const FwdArgs& args,
              const Resolved& r, int sm_margin, std::uintptr_t stream);
+// Work in progress (head dim 128, no softcap, no deterministic mode).
+void backward(const Mask& mask, const PreparedMask* prepared, const BwdArgs& args,
+              const Resolved& r, int sm_margin, std::uintptr_t stream);
 }  // namespace sm90
 
 }  // namespace magi::kernels

@@ -15,18 +15,14 @@
 #include "../backend.h"
 #include "fwd_instances.h"
 #include "fwd_kernel.cuh"
+#include "host_common.h"
 #include "magi/error.h"
 #include "magi/prepared.h"
 
 namespace magi::kernels::sm90 {
 namespace {
 
-#define MAGI_CUDA_CHECK(expr, what)                                                   \
-  do {                                                                                \
-    const cudaError_t magi_err_ = (expr);                                             \
-    MAGI_CHECK(magi_err_ == cudaSuccess, "GPU forward: ", what, ": ",                 \
-               cudaGetErrorName(magi_err_), " (", cudaGetErrorString(magi_err_), ")"); \
-  } while (0)
+#define MAGI_CUDA_CHECK(expr, what) MAGI_CUDA_CHECK_IN("GPU forward", expr, what)
 
 __global__ void fill_kernel(float* x, int n, float value) {
   const int i = int(blockIdx.x * blockDim.x + threadIdx.x);
@@ -104,41 +100,6 @@ Launcher find_launcher(DType t, std::int64_t d) {
 #undef MAGI_SM90_CASE
   return nullptr;
 }
-
-OutType out_type(DType t) {
-  switch (t) {
-    case DType::kBF16: return OutType::kBF16;
-    case DType::kF16: return OutType::kF16;
-    case DType::kF32: return OutType::kF32;
-    default: MAGI_FAIL("out: dtype ", dtype_name(t), " is not bf16, fp16 or fp32 on the GPU");
-  }
-}
-
-int sm_count(int device) {
-  static std::array<std::atomic<int>, 64> known{};  // per device; 0: not asked yet
-  const bool cached = device >= 0 && device < int(known.size());
-  if (cached && known[std::size_t(device)].load(std::memory_order_relaxed) > 0)
-    return known[std::size_t(device)].load(std::memory_order_relaxed);
-  int n = 0;
-  MAGI_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device),
-                  "multiprocessor count");
-  if (cached) known[std::size_t(device)].store(n, std::memory_order_relaxed);
-  return n;
-}
-
-// CUDA calls that are not stream work (allocation, a private stream's copy) made while some
-// stream of this process is being captured: relaxed, as torch's allocator does, so they neither
-// fail nor invalidate the capture.
-class RelaxedCapture {
- public:
-  RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode_); }
-  ~RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode_); }
-
- private:
-  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
-};
-
-constexpr std::size_t align16(std::size_t n) { return (n + 15) / 16 * 16; }
 
 // Tiles then pieces, as the kernel reads them (then the slices, see work_image).
 struct WorkImage {
@@ -223,15 +184,6 @@ class DeviceWork final : public PreparedState {
   std::int32_t num_tiles_ = 0;
 };
 
-// Frees the per-call allocation after the kernels on the stream (stream-ordered), also on
-// an error path.
-struct StreamFree {
-  void* ptr = nullptr;
-  cudaStream_t stream = nullptr;
-  ~StreamFree() {
-    if (ptr != nullptr) cudaFreeAsync(ptr, stream);
-  }
-};
 
 }  // namespace
 
@@ -290,7 +242,7 @@ void forward(const Mask& mask, const PreparedMask* prepared, const FwdArgs& a, c
   p.heads_q = std::int32_t(dm.heads_q), p.heads_kv = std::int32_t(dm.heads_kv);
   p.scale = float(r.scale);
   p.softcap = float(r.softcap);
-  p.out_type = out_type(a.out.dtype);
+  p.out_type = out_type(a.out.dtype, "out");
   p.accumulate = r.accumulate;
   p.out_pairs = p.o_row % 2 == 0 && p.o_head % 2 == 0 &&
                 reinterpret_cast<std::uintptr_t>(p.out) % (2 * dtype_size(a.out.dtype)) == 0;
