@@ -333,6 +333,12 @@ void attn_backward(const Mask& mask, const BwdArgs& a, const AttnOptions& opts) 
 }
 
 void attn_backward(const PreparedMask& pm, const BwdArgs& a, const AttnOptions& opts) {
+#ifdef MAGI_HAS_SM90
+  if (on_gpu(a.q)) {
+    const kernels::Resolved r = check_backward_args(pm.mask(), a, opts);
+    return kernels::sm90::backward(pm.mask(), &pm, a, r, opts.sm_margin, opts.cuda_stream);
+  }
+#endif
   attn_backward(pm.mask(), a, opts);  // the CPU backward keeps nothing per mask
 }
 

@@ -1,15 +1,15 @@
-// Host side of the sm90 backward (bwd_params.h has the three launches): builds and uploads the
-// key-tile work list per call (NOT YET from the PreparedMask), lays out the per-call
-// workspace, and queues the row pass, the main kernel and the dq / dsink pass on the caller's
-// stream. Work in progress: head dim 128, no softcap, no deterministic mode.
+// Host side of the sm90 backward (bwd_params.h has the three launches): finds the key-tile work
+// list (resident in a PreparedMask, or built and uploaded per call), lays out the per-call
+// workspace (cudaMallocAsync: NOT YET a caller's workspace), and queues the row pass, the main
+// kernel and the dq / dsink pass on the caller's stream. Work in progress: head dim 128, no
+// softcap, no deterministic mode.
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cstring>
-#include <vector>
 
 #include "../backend.h"
 #include "bwd_kernel.cuh"
+#include "device_work.h"
 #include "fwd_instances.h"
 #include "host_common.h"
 #include "magi/error.h"
@@ -133,7 +133,7 @@ Launcher find_launcher(DType t, std::int64_t d) {
 
 }  // namespace
 
-void backward(const Mask& mask, const PreparedMask* /*prepared: not yet*/, const BwdArgs& a,
+void backward(const Mask& mask, const PreparedMask* prepared, const BwdArgs& a,
               const Resolved& r, int sm_margin, std::uintptr_t stream_handle) {
   const Dims& dm = r.dims;
   const Launcher launch = find_launcher(a.q.dtype, dm.head_dim);
@@ -176,26 +176,30 @@ void backward(const Mask& mask, const PreparedMask* /*prepared: not yet*/, const
   const int d = int(dm.head_dim);
   if (dm.num_q == 0 && dm.num_k == 0) return;
 
-  // One per-call allocation: the workspace, then the work list (tiles, pieces).
-  const WorkList w = make_work_list(mask, bwd_block_m(d), bwd_block_n(d), TileAxis::kKey);
+  // The key-tile work list: resident in the prepared mask (built on its first call per
+  // device), or built now and uploaded behind the workspace in the per-call allocation.
   const BwdWorkspaceLayout ws = bwd_workspace_layout(dm.num_q, dm.heads_q, d);
-  const std::size_t tiles_off = align16(ws.bytes);
-  const std::size_t pieces_off = align16(tiles_off + w.tiles.size() * sizeof(Tile));
-  const std::size_t total = pieces_off + w.pieces.size() * sizeof(Piece);
-  std::vector<unsigned char> image(total - tiles_off, 0);
-  std::memcpy(image.data(), w.tiles.data(), w.tiles.size() * sizeof(Tile));
-  std::memcpy(image.data() + (pieces_off - tiles_off), w.pieces.data(),
-              w.pieces.size() * sizeof(Piece));
+  WorkImage img;
+  if (prepared != nullptr) {
+    const DeviceWork& work =
+        device_work(*prepared, device, bwd_block_m(d), bwd_block_n(d), TileAxis::kKey);
+    p.tiles = work.tiles(), p.pieces = work.pieces(), p.num_tiles = work.num_tiles();
+  } else {
+    img = work_image(mask, bwd_block_m(d), bwd_block_n(d), TileAxis::kKey, false);
+    p.num_tiles = img.num_tiles;
+  }
+  const std::size_t image_off = align16(ws.bytes);
   StreamFree owned{nullptr, stream};
-  MAGI_CUDA_CHECK(cudaMallocAsync(&owned.ptr, std::max<std::size_t>(total, 16), stream),
+  MAGI_CUDA_CHECK(cudaMallocAsync(&owned.ptr, image_off + img.bytes.size(), stream),
                   "workspace allocation");
   auto* base = static_cast<unsigned char*>(owned.ptr);
-  MAGI_CUDA_CHECK(cudaMemcpyAsync(base + tiles_off, image.data(), image.size(),
-                                  cudaMemcpyHostToDevice, stream),
-                  "work list upload");
-  p.tiles = reinterpret_cast<const Tile*>(base + tiles_off);
-  p.pieces = reinterpret_cast<const Piece*>(base + pieces_off);
-  p.num_tiles = std::int32_t(w.tiles.size());
+  if (prepared == nullptr) {
+    MAGI_CUDA_CHECK(cudaMemcpyAsync(base + image_off, img.bytes.data(), img.bytes.size(),
+                                    cudaMemcpyHostToDevice, stream),
+                    "work list upload");
+    p.tiles = reinterpret_cast<const Tile*>(base + image_off);
+    p.pieces = reinterpret_cast<const Piece*>(base + image_off + img.pieces_off);
+  }
   p.counter = reinterpret_cast<std::int32_t*>(base);
   p.lse2 = reinterpret_cast<float*>(base + ws.lse_off);
   p.delta = reinterpret_cast<float*>(base + ws.delta_off);
