@@ -1,0 +1,65 @@
+#include "magi/build_info.h"
+
+#ifdef MAGI_HAS_SM90
+#include <cuda_runtime.h>
+
+#include "fwd_instances.h"
+#endif
+
+namespace magi {
+namespace {
+
+const char* compiled_isa() {
+#if defined(__AVX512F__)
+  return "x86-64 with AVX-512 (-march at build time)";
+#elif defined(__AVX2__) && defined(__FMA__)
+  return "x86-64 with AVX2 and FMA (-march at build time)";
+#elif defined(__x86_64__)
+  return "x86-64 baseline (SSE2)";
+#elif defined(__aarch64__)
+  return "aarch64";
+#else
+  return "unknown";
+#endif
+}
+
+std::vector<std::string> cpu_features() {
+  std::vector<std::string> f;
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx2")) f.emplace_back("avx2");
+  if (__builtin_cpu_supports("fma")) f.emplace_back("fma");
+  if (__builtin_cpu_supports("avx512f")) f.emplace_back("avx512f");
+  if (__builtin_cpu_supports("avx512bf16")) f.emplace_back("avx512bf16");
+#endif
+  return f;
+}
+
+}  // namespace
+
+BuildInfo build_info() {
+  BuildInfo b;
+  b.version = MAGI_VERSION;
+  b.cpu_isa = compiled_isa();
+  b.cpu_features = cpu_features();
+#ifdef MAGI_HAS_SM90
+  b.cuda = true;
+  b.cuda_version = std::to_string(CUDART_VERSION / 1000) + "." + std::to_string(CUDART_VERSION % 1000 / 10);
+  b.sm90_forward = MAGI_SM90_FWD_BUILT;
+  if (!b.sm90_forward.empty() && b.sm90_forward.front() == ' ') b.sm90_forward.erase(0, 1);
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    b.gpu_error = std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e);
+    cudaGetLastError();  // not sticky: clear it
+  }
+  for (int i = 0; i < n; ++i) {
+    cudaDeviceProp p{};
+    if (cudaGetDeviceProperties(&p, i) != cudaSuccess) continue;
+    b.gpus.push_back(GpuInfo{i, p.name, p.major, p.minor, p.multiProcessorCount});
+  }
+#endif
+  return b;
+}
+
+}  // namespace magi
