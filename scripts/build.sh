@@ -26,7 +26,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 source scripts/python_env.sh  # $python; CMAKE_BUILD_PARALLEL_LEVEL (one job per 3 GB)
-source scripts/cutlass.sh     # MAGI_CUDA_KERNELS; CUTLASS headers when kernels are wanted
+source scripts/gpu_kernels.sh # MAGI_CUDA_KERNELS
 echo "[build] $preset: sm90 kernels ${MAGI_CUDA_KERNELS}"
 if [ "$preset" != release ]; then
   cmake --preset "$preset" ${MAGI_CUTLASS_DIR:+-DMAGI_CUTLASS_DIR=$MAGI_CUTLASS_DIR} \

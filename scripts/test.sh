@@ -26,3 +26,15 @@ $python -m pip install -q pytest matplotlib
 # Open MPI that build.sh installs); without mpi4py that test is skipped.
 $python -m pip install -q mpi4py || echo "[test] mpi4py could not be installed: its test is skipped"
 $python -m pytest -q -p no:cacheprovider tests/python
+
+# The pip-only path: a fresh virtualenv, the usual `pip install .` (build isolation: the build
+# backend and nanobind from PyPI; nlohmann-json from its pinned wheel even where the system has
+# it), then `python -m magiattn` and the numpy example inside it.
+venv=build/pip-only-venv
+rm -rf "$venv"
+$python -m venv "$venv"
+"$venv/bin/python" -m pip install -q -Cbuild-dir=build/pip-only \
+  -Ccmake.define.CMAKE_DISABLE_FIND_PACKAGE_nlohmann_json=ON \
+  -Ccmake.define.MAGI_CUDA_KERNELS=none .
+(cd "$venv" && bin/python -m magiattn)
+"$venv/bin/python" examples/numpy_attention.py
