@@ -29,12 +29,13 @@ $python -m pytest -q -p no:cacheprovider tests/python
 
 # The pip-only path: a fresh virtualenv, the usual `pip install .` (build isolation: the build
 # backend and nanobind from PyPI; nlohmann-json from its pinned wheel even where the system has
-# it), then `python -m magiattn` and the numpy example inside it.
+# it), built as a portable wheel is (x86-64-v3), then `python -m magiattn` and the numpy example
+# inside it.
 venv=build/pip-only-venv
 rm -rf "$venv"
 $python -m venv "$venv"
 "$venv/bin/python" -m pip install -q -Cbuild-dir=build/pip-only \
   -Ccmake.define.CMAKE_DISABLE_FIND_PACKAGE_nlohmann_json=ON \
-  -Ccmake.define.MAGI_CUDA_KERNELS=none .
+  -Ccmake.define.MAGI_CPU_ARCH=x86-64-v3 -Ccmake.define.MAGI_CUDA_KERNELS=none .
 (cd "$venv" && bin/python -m magiattn)
 "$venv/bin/python" examples/numpy_attention.py

@@ -16,7 +16,8 @@ struct GpuInfo {
 
 struct BuildInfo {
   std::string version;           // the project version
-  std::string cpu_isa;           // the instruction set the CPU backend was compiled for
+  std::string cpu_isa;           // "-march=x86-64-v3 (avx avx2 fma ...)": what the C++ code
+                                 // (the CPU backend) was compiled for
   std::vector<std::string> cpu_features;  // of this CPU: avx2, fma, avx512f, ...
   bool cuda = false;             // the GPU backend is built
   std::string cuda_version;      // of the toolkit it was built with ("" without CUDA)

@@ -7,6 +7,8 @@ matplotlib. The distributed API (``magiattn.dist``: ``magi_attn_flex_key``, ``di
 the C++ core arrive as ``ValueError`` naming the culprit.
 """
 
+# First: on a CPU the build does not fit, a clear ImportError instead of an illegal instruction.
+from . import _cpu_check  # noqa: F401
 from ._C import backward, forward, fwd_flops
 from .functional import (
     AttnForwardMeta,

@@ -53,7 +53,7 @@ def _lines(d: dict[str, Any]) -> list[str]:
         torch_text += " (a different torch: the Python front is used)"
     return [
         f"magiattn {d['version']}, Python {d['python']}, {d['platform']}",
-        f"CPU backend: compiled for {d['cpu_isa']}; this CPU has "
+        f"CPU backend: compiled with {d['cpu_isa']}; this CPU has "
         + (", ".join(d["cpu_features"]) or "none of avx2, fma, avx512f"),
         "GPU backend: " + (f"built with CUDA {d['cuda_version']}; sm90 forward kernels: "
                            + (d["sm90_forward"] or "none") if d["cuda"] else

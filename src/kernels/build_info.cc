@@ -9,18 +9,12 @@
 namespace magi {
 namespace {
 
-const char* compiled_isa() {
-#if defined(__AVX512F__)
-  return "x86-64 with AVX-512 (-march at build time)";
-#elif defined(__AVX2__) && defined(__FMA__)
-  return "x86-64 with AVX2 and FMA (-march at build time)";
-#elif defined(__x86_64__)
-  return "x86-64 baseline (SSE2)";
-#elif defined(__aarch64__)
-  return "aarch64";
-#else
-  return "unknown";
-#endif
+// "-march=x86-64-v3 (avx avx2 fma ...)": what CMakeLists.txt compiled for (MAGI_CPU_ARCH) and
+// the features that turns on.
+std::string compiled_isa() {
+  const std::string arch = MAGI_CPU_ARCH_NAME, flags = MAGI_CPU_FLAGS_TEXT;
+  return "-march=" + (arch.empty() ? std::string("default") : arch) +
+         (flags.empty() ? std::string() : " (" + flags + ")");
 }
 
 std::vector<std::string> cpu_features() {
@@ -30,7 +24,7 @@ std::vector<std::string> cpu_features() {
   if (__builtin_cpu_supports("avx2")) f.emplace_back("avx2");
   if (__builtin_cpu_supports("fma")) f.emplace_back("fma");
   if (__builtin_cpu_supports("avx512f")) f.emplace_back("avx512f");
-  if (__builtin_cpu_supports("avx512bf16")) f.emplace_back("avx512bf16");
+  if (__builtin_cpu_supports("avx512bf16")) f.emplace_back("avx512_bf16");
 #endif
   return f;
 }
@@ -44,7 +38,8 @@ BuildInfo build_info() {
   b.cpu_features = cpu_features();
 #ifdef MAGI_HAS_SM90
   b.cuda = true;
-  b.cuda_version = std::to_string(CUDART_VERSION / 1000) + "." + std::to_string(CUDART_VERSION % 1000 / 10);
+  b.cuda_version =
+      std::to_string(CUDART_VERSION / 1000) + "." + std::to_string(CUDART_VERSION % 1000 / 10);
   b.sm90_forward = MAGI_SM90_FWD_BUILT;
   if (!b.sm90_forward.empty() && b.sm90_forward.front() == ' ') b.sm90_forward.erase(0, 1);
   int n = 0;
