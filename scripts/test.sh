@@ -29,13 +29,16 @@ $python -m pytest -q -p no:cacheprovider tests/python
 
 # The pip-only path: a fresh virtualenv, the usual `pip install .` (build isolation: the build
 # backend and nanobind from PyPI; nlohmann-json from its pinned wheel even where the system has
-# it), built as a portable wheel is (x86-64-v3), then `python -m magiattn` and the numpy example
-# inside it.
+# it; portable, x86-64-v3 with the AVX-512 kernels chosen at run time), then `python -m
+# magiattn`, the numpy example and the Python tests without torch in it (the CPU kernels'
+# run-time choice among them, tests/python/test_cpu_isa.py).
 venv=build/pip-only-venv
 rm -rf "$venv"
 $python -m venv "$venv"
 "$venv/bin/python" -m pip install -q -Cbuild-dir=build/pip-only \
   -Ccmake.define.CMAKE_DISABLE_FIND_PACKAGE_nlohmann_json=ON \
-  -Ccmake.define.MAGI_CPU_ARCH=x86-64-v3 -Ccmake.define.MAGI_CUDA_KERNELS=none .
+  -Ccmake.define.MAGI_CUDA_KERNELS=none .
 (cd "$venv" && bin/python -m magiattn)
 "$venv/bin/python" examples/numpy_attention.py
+"$venv/bin/python" -m pip install -q pytest
+"$venv/bin/python" -m pytest -q -p no:cacheprovider tests/python

@@ -18,6 +18,8 @@ struct BuildInfo {
   std::string version;           // the project version
   std::string cpu_isa;           // "-march=x86-64-v3 (avx avx2 fma ...)": what the C++ code
                                  // (the CPU backend) was compiled for
+  std::string cpu_kernels;       // the CPU backend's compilation that runs here (a portable
+                                 // build also has an AVX-512 one, chosen at run time)
   std::vector<std::string> cpu_features;  // of this CPU: avx2, fma, avx512f, ...
   bool cuda = false;             // the GPU backend is built
   std::string cuda_version;      // of the toolkit it was built with ("" without CUDA)

@@ -190,6 +190,7 @@ void bind_attention(nb::module_& m) {
     nb::dict d;
     d["version"] = b.version;
     d["cpu_isa"] = b.cpu_isa;
+    d["cpu_kernels"] = b.cpu_kernels;
     d["cpu_features"] = b.cpu_features;
     d["cuda"] = b.cuda;
     d["cuda_version"] = b.cuda_version;

@@ -1,5 +1,7 @@
 #include "magi/build_info.h"
 
+#include "backend.h"
+
 #ifdef MAGI_HAS_SM90
 #include <cuda_runtime.h>
 
@@ -35,6 +37,7 @@ BuildInfo build_info() {
   BuildInfo b;
   b.version = MAGI_VERSION;
   b.cpu_isa = compiled_isa();
+  b.cpu_kernels = kernels::cpu::isa_in_use();
   b.cpu_features = cpu_features();
 #ifdef MAGI_HAS_SM90
   b.cuda = true;

@@ -4,11 +4,13 @@
 // two strides, so P and P^T (backward's dV = P^T dO) are both A operands without a copy.
 #pragma once
 
+#include "isa.h"
+
 #include <cstdint>
 
 #include "simd.h"
 
-namespace magi::kernels::cpu {
+namespace magi::kernels::cpu::MAGI_CPU_NS {
 
 inline constexpr int kMicroRows = 8;
 
@@ -93,4 +95,4 @@ void gemm(std::int64_t m, std::int64_t n, std::int64_t k, const T* a, std::int64
                                    ldc);
 }
 
-}  // namespace magi::kernels::cpu
+}  // namespace magi::kernels::cpu::MAGI_CPU_NS
