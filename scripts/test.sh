@@ -15,6 +15,13 @@ csv=../shared/data/doc_length_distribution.csv
 export MAGI_NO_GPU_KERNELS=ci
 MAGI_BUILD_TESTS=ON scripts/build.sh release
 ctest --preset release -j "$(nproc)"
+# The CMake package for C++ users: installed from build/release, then examples/cpp built
+# against it with find_package(magiattn) and run.
+rm -rf build/cxx-prefix build/cxx-example
+cmake --install build/release --component magiattn_cxx --prefix build/cxx-prefix
+cmake -S examples/cpp -B build/cxx-example -DCMAKE_PREFIX_PATH="$PWD/build/cxx-prefix"
+cmake --build build/cxx-example -j "$(nproc)"
+build/cxx-example/attention_example
 if [ "${MAGI_TEST_ASAN:-0}" = 1 ]; then
   scripts/build.sh asan
   ctest --preset asan -j "$(nproc)"
