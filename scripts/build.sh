@@ -26,7 +26,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 source scripts/python_env.sh  # $python; CMAKE_BUILD_PARALLEL_LEVEL (one job per 3 GB)
-source scripts/cutlass.sh     # MAGI_CUDA_KERNELS; CUTLASS headers when kernels are wanted
+source scripts/gpu_kernels.sh # MAGI_CUDA_KERNELS
 echo "[build] $preset: sm90 kernels ${MAGI_CUDA_KERNELS}"
 if [ "$preset" != release ]; then
   cmake --preset "$preset" ${MAGI_CUTLASS_DIR:+-DMAGI_CUTLASS_DIR=$MAGI_CUTLASS_DIR} \
@@ -49,7 +49,9 @@ defines=(-Cbuild-dir=build/release
          -Ccmake.define.MAGI_BUILD_APPS=ON
          -Ccmake.define.MAGI_BUILD_TESTS="$tests"
          -Ccmake.define.MAGI_BUILD_BENCH="$tests"
-         -Ccmake.define.MAGI_CUDA_KERNELS="$MAGI_CUDA_KERNELS")
+         -Ccmake.define.MAGI_CUDA_KERNELS="$MAGI_CUDA_KERNELS"
+         # Built where it runs: for this CPU (a plain pip install is portable, pyproject.toml).
+         -Ccmake.define.MAGI_CPU_ARCH="${MAGI_CPU_ARCH:-native}")
 [ -n "${MAGI_CUTLASS_DIR:-}" ] && defines+=(-Ccmake.define.MAGI_CUTLASS_DIR="$MAGI_CUTLASS_DIR")
 $python -m pip install -q --no-build-isolation "${defines[@]}" .
 echo "[build] build/release: magiattn CLI in build/release/bin; Python package" \

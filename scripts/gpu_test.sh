@@ -5,10 +5,10 @@
 # the prepared-mask test under memcheck and synccheck.
 #
 #   MAGI_CUDA_KERNELS    all (default) | ci (bf16/D128 only: one CUDA translation unit)
-#   MAGI_CUTLASS_DIR     CUTLASS include dir; else scripts/cutlass.sh fetches the pinned wheel's
+#   MAGI_CUTLASS_DIR     CUTLASS include dir; else the configure fetches the pinned wheel's
 #                        headers (MAGI_CUTLASS_WHEEL: a local wheel, for a machine without network)
-#   CMAKE_PREFIX_PATH    where nlohmann-json, CLI11 and GTest are found (that machine has no
-#                        network: the caller provides them)
+#   CMAKE_PREFIX_PATH    where GTest (and nlohmann-json, else MAGI_JSON_WHEEL: its PyPI wheel)
+#                        are found (that machine has no network: the caller provides them)
 #   MAGI_GPU_BUILD_DIR   build directory (default build/gpu)
 #   MAGI_GPU_CMAKE_ARGS  extra configure arguments (word-split)
 #   MAGI_SANITIZE_FILTER gtest filter for memcheck and synccheck (default: 3 small cases)
@@ -19,7 +19,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${MAGI_GPU_BUILD_DIR:-build/gpu}
 MAGI_CUDA_KERNELS=${MAGI_CUDA_KERNELS:-all}
-source scripts/cutlass.sh
+source scripts/gpu_kernels.sh
 
 # All cores, but at most one job per 6 GB of RAM: a CuTe translation unit takes gigabytes.
 mem_gb=$(awk '/MemTotal/ {print int($2 / 1048576)}' /proc/meminfo)

@@ -15,6 +15,13 @@ csv=../shared/data/doc_length_distribution.csv
 export MAGI_NO_GPU_KERNELS=ci
 MAGI_BUILD_TESTS=ON scripts/build.sh release
 ctest --preset release -j "$(nproc)"
+# The CMake package for C++ users: installed from build/release, then examples/cpp built
+# against it with find_package(magiattn) and run.
+rm -rf build/cxx-prefix build/cxx-example
+cmake --install build/release --component magiattn_cxx --prefix build/cxx-prefix
+cmake -S examples/cpp -B build/cxx-example -DCMAKE_PREFIX_PATH="$PWD/build/cxx-prefix"
+cmake --build build/cxx-example -j "$(nproc)"
+build/cxx-example/attention_example
 if [ "${MAGI_TEST_ASAN:-0}" = 1 ]; then
   scripts/build.sh asan
   ctest --preset asan -j "$(nproc)"
@@ -26,3 +33,19 @@ $python -m pip install -q pytest matplotlib
 # Open MPI that build.sh installs); without mpi4py that test is skipped.
 $python -m pip install -q mpi4py || echo "[test] mpi4py could not be installed: its test is skipped"
 $python -m pytest -q -p no:cacheprovider tests/python
+
+# The pip-only path: a fresh virtualenv, the usual `pip install .` (build isolation: the build
+# backend and nanobind from PyPI; nlohmann-json from its pinned wheel even where the system has
+# it; portable, x86-64-v3 with the AVX-512 kernels chosen at run time), then `python -m
+# magiattn`, the numpy example and the Python tests without torch in it (the CPU kernels'
+# run-time choice among them, tests/python/test_cpu_isa.py).
+venv=build/pip-only-venv
+rm -rf "$venv"
+$python -m venv "$venv"
+"$venv/bin/python" -m pip install -q -Cbuild-dir=build/pip-only \
+  -Ccmake.define.CMAKE_DISABLE_FIND_PACKAGE_nlohmann_json=ON \
+  -Ccmake.define.MAGI_CUDA_KERNELS=none .
+(cd "$venv" && bin/python -m magiattn)
+"$venv/bin/python" examples/numpy_attention.py
+"$venv/bin/python" -m pip install -q pytest
+"$venv/bin/python" -m pytest -q -p no:cacheprovider tests/python

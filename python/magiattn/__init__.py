@@ -7,6 +7,8 @@ matplotlib. The distributed API (``magiattn.dist``: ``magi_attn_flex_key``, ``di
 the C++ core arrive as ``ValueError`` naming the culprit.
 """
 
+# First: on a CPU the build does not fit, a clear ImportError instead of an illegal instruction.
+from . import _cpu_check  # noqa: F401
 from ._C import backward, forward, fwd_flops
 from .functional import (
     AttnForwardMeta,
@@ -63,6 +65,7 @@ from .dist import (
 from .compat import (clear_cache, compute_pad_size, get_most_recent_key, magi_attn_flex_dispatch,
                      magi_attn_varlen_dispatch, roll_simple, squash_batch_dim)
 from .viz import plot_mask, plot_plan, save_mask_png
+from .info import info
 
 try:
     from importlib.metadata import version as _version
@@ -81,7 +84,8 @@ __all__ = [
     "undispatch", "world_communicator",
     "backward", "block_causal", "block_sparse", "block_sparse_topk", "build_family", "causal",
     "clear_mask_cache", "family_names", "flex_flash_attn_backward", "flex_flash_attn_func",
-    "forward", "from_dense", "full", "fwd_flops", "get_mask", "infer_attn_mask_from_cu_seqlens",
+    "forward", "from_dense", "full", "fwd_flops", "get_mask", "info",
+    "infer_attn_mask_from_cu_seqlens",
     "infer_attn_mask_from_sliding_window", "infer_varlen_mask_from_batch", "load_mask",
     "make_mask", "mask_from_json", "mask_to_ranges", "plot_mask", "prefix_lm",
     "load_plan", "make_plan", "plan_bytes_matrix", "plan_cells", "plot_plan",

@@ -5,6 +5,7 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
 
 #include <cstring>
 #include <optional>
@@ -15,6 +16,7 @@
 #include "bindings.h"
 #include "capi.h"
 #include "magi/attention.h"
+#include "magi/build_info.h"
 #include "magi/error.h"
 #include "options.h"
 
@@ -184,6 +186,29 @@ void bind_attention(nb::module_& m) {
   };
   def_backward(&backward<Mask>);
   def_backward(&backward<PreparedMask>);
+  m.def("build_info", [] {
+    const BuildInfo b = build_info();
+    nb::list gpus;
+    for (const GpuInfo& g : b.gpus) {
+      nb::dict d;
+      d["index"] = g.index;
+      d["name"] = g.name;
+      d["compute_capability"] = std::to_string(g.major) + "." + std::to_string(g.minor);
+      d["sms"] = g.sms;
+      gpus.append(d);
+    }
+    nb::dict d;
+    d["version"] = b.version;
+    d["cpu_isa"] = b.cpu_isa;
+    d["cpu_kernels"] = b.cpu_kernels;
+    d["cpu_features"] = b.cpu_features;
+    d["cuda"] = b.cuda;
+    d["cuda_version"] = b.cuda_version;
+    d["sm90_forward"] = b.sm90_forward;
+    d["gpus"] = gpus;
+    d["gpu_error"] = b.gpu_error;
+    return d;
+  }, "what this build has (CPU ISA, CUDA, sm90 kernel variants) and the GPUs it sees");
   m.def("fwd_flops", &attn_fwd_flops, "area"_a, "heads_q"_a, "head_dim"_a,
         "4 * area * heads_q * head_dim (docs/semantics.md §4); backward is 2.5x");
 }

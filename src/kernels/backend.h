@@ -26,9 +26,10 @@ struct Resolved {
   DType compute = DType::kF32;  // kF32 or kF64
 };
 
-namespace cpu {
+namespace cpu {  // the compilation that fits this CPU (cpu/dispatch.cc, cpu/isa.h)
 void forward(const Mask& mask, const FwdArgs& args, const Resolved& r);
 void backward(const Mask& mask, const BwdArgs& args, const Resolved& r);
+const char* isa_in_use();  // which one runs here, for build_info
 }  // namespace cpu
 
 // Hopper (built when CUDA is enabled, MAGI_HAS_SM90): bf16/fp16 inputs, fp32 lse. With a

@@ -19,7 +19,9 @@
 #include "simd.h"
 #include "work.h"
 
-namespace magi::kernels::cpu {
+#include "isa.h"
+
+namespace magi::kernels::cpu::MAGI_CPU_NS {
 namespace {
 
 template <typename T>
@@ -302,4 +304,4 @@ void backward(const Mask& mask, const BwdArgs& args, const Resolved& r) {
     Backward<float>(mask, args, r).run();
 }
 
-}  // namespace magi::kernels::cpu
+}  // namespace magi::kernels::cpu::MAGI_CPU_NS

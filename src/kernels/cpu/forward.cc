@@ -19,7 +19,9 @@
 #include "simd.h"
 #include "work.h"
 
-namespace magi::kernels::cpu {
+#include "isa.h"
+
+namespace magi::kernels::cpu::MAGI_CPU_NS {
 namespace {
 
 template <typename T>
@@ -279,4 +281,4 @@ void forward(const Mask& mask, const FwdArgs& args, const Resolved& r) {
     Forward<float>(mask, args, r).run();
 }
 
-}  // namespace magi::kernels::cpu
+}  // namespace magi::kernels::cpu::MAGI_CPU_NS

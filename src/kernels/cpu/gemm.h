@@ -1,16 +1,20 @@
 // The one matrix product of the CPU kernels: C (+)= A * B on small packed tiles, register
-// blocked as 8 rows x 2 vectors (16 accumulators of the 32 AVX-512 registers; per step of k:
-// 2 loads of B and 8 broadcasts of A feed 16 FMAs). A is read one element at a time through
-// two strides, so P and P^T (backward's dV = P^T dO) are both A operands without a copy.
+// blocked as kMicroRows rows x 2 vectors: 8 with AVX-512 (16 accumulators of its 32 registers;
+// per step of k, 2 loads of B and 8 broadcasts of A feed 16 FMAs), 6 with AVX2 (12 accumulators,
+// 2 of B and a broadcast: 15 of its 16 registers; 8 rows spilled there, 2.4x slower). A is read
+// one element at a time through two strides, so P and P^T (backward's dV = P^T dO) are both A
+// operands without a copy.
 #pragma once
+
+#include "isa.h"
 
 #include <cstdint>
 
 #include "simd.h"
 
-namespace magi::kernels::cpu {
+namespace magi::kernels::cpu::MAGI_CPU_NS {
 
-inline constexpr int kMicroRows = 8;
+inline constexpr int kMicroRows = kVecBytes == 64 ? 8 : 6;
 
 // C[kRows x kVecs*W] (+)= A[kRows x k] * B[k x kVecs*W]; A(i, p) = a[i*a_row + p*a_col].
 template <typename T, int kRows, int kVecs, bool kAccumulate>
@@ -93,4 +97,4 @@ void gemm(std::int64_t m, std::int64_t n, std::int64_t k, const T* a, std::int64
                                    ldc);
 }
 
-}  // namespace magi::kernels::cpu
+}  // namespace magi::kernels::cpu::MAGI_CPU_NS

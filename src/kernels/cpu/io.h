@@ -4,6 +4,8 @@
 // O(D) per row against the O(D x keys) arithmetic of that row.
 #pragma once
 
+#include "isa.h"
+
 #include <cstdint>
 #include <initializer_list>
 #include <type_traits>
@@ -11,7 +13,7 @@
 #include "magi/dtype.h"
 #include "magi/tensor.h"
 
-namespace magi::kernels::cpu {
+namespace magi::kernels::cpu::MAGI_CPU_NS {
 
 // Byte address of element idx (as many indices as given, leading dims first).
 inline char* element(const TensorView& t, std::initializer_list<std::int64_t> idx) {
@@ -89,4 +91,4 @@ inline void store_scalar(const TensorView& t, std::initializer_list<std::int64_t
   store_row<T>(t, at, 1, T(1), &x, false);
 }
 
-}  // namespace magi::kernels::cpu
+}  // namespace magi::kernels::cpu::MAGI_CPU_NS

@@ -8,6 +8,8 @@
 // rows that never see it; the kernels poison the rows that do see it from the flags instead.
 #pragma once
 
+#include "isa.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -20,7 +22,7 @@
 #include "simd.h"
 #include "work.h"
 
-namespace magi::kernels::cpu {
+namespace magi::kernels::cpu::MAGI_CPU_NS {
 
 template <typename T>
 constexpr DType dtype_of() {
@@ -231,4 +233,4 @@ inline void mask_row(const Slice& s, std::int64_t q, Range cols, std::int64_t ba
   std::fill(row + hi, row + width, kNegInf<T>);
 }
 
-}  // namespace magi::kernels::cpu
+}  // namespace magi::kernels::cpu::MAGI_CPU_NS

@@ -5,6 +5,8 @@
 // FLOPs at D = 128 (it is still 14% of forward time).
 #pragma once
 
+#include "isa.h"
+
 #if defined(__AVX512F__) || defined(__FMA__)
 #include <immintrin.h>
 #endif
@@ -17,7 +19,7 @@
 #include <type_traits>
 #include <utility>
 
-namespace magi::kernels::cpu {
+namespace magi::kernels::cpu::MAGI_CPU_NS {
 
 #ifdef __AVX512F__
 inline constexpr int kVecBytes = 64;
@@ -137,4 +139,4 @@ struct Simd {
 template <typename T>
 inline constexpr T kNegInf = -std::numeric_limits<T>::infinity();
 
-}  // namespace magi::kernels::cpu
+}  // namespace magi::kernels::cpu::MAGI_CPU_NS

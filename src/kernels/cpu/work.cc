@@ -6,7 +6,9 @@
 
 #include <algorithm>
 
-namespace magi::kernels::cpu {
+#include "isa.h"
+
+namespace magi::kernels::cpu::MAGI_CPU_NS {
 namespace {
 
 constexpr double kSliceOverhead = 4096;
@@ -66,4 +68,4 @@ std::vector<Task> heavy_first(const std::vector<TileWork>& tiles, std::int64_t n
   return tasks;
 }
 
-}  // namespace magi::kernels::cpu
+}  // namespace magi::kernels::cpu::MAGI_CPU_NS

@@ -4,6 +4,8 @@
 // no two threads ever write one row and results do not depend on the thread count.
 #pragma once
 
+#include "isa.h"
+
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -13,7 +15,7 @@
 
 #include "magi/mask.h"
 
-namespace magi::kernels::cpu {
+namespace magi::kernels::cpu::MAGI_CPU_NS {
 
 // 256 query rows x 64 keys. Every task streams all K/V tiles its rows see (4 MiB per head at
 // S = 4096, D = 128, fp32: more than the 2 MiB L2), so taller query tiles buy reuse: 64 ->
@@ -79,4 +81,4 @@ class Scratch {
   std::unique_ptr<T, Free> data_;
 };
 
-}  // namespace magi::kernels::cpu
+}  // namespace magi::kernels::cpu::MAGI_CPU_NS

@@ -1,0 +1,81 @@
+"""What this magiattn has and sees: ``magiattn.info()``, printed by ``python -m magiattn``.
+
+The lines a bug report needs: the version, the CPU backend's instruction set and this CPU's,
+whether the GPU backend is built and which sm90 kernel variants, the GPUs visible, the MPI
+module (distributed attention on CPU ranks), NCCL, and torch with the C++ front built for it.
+"""
+from __future__ import annotations
+
+import importlib.util
+import platform
+import sys
+from typing import Any
+
+from . import _C
+
+
+def info() -> dict[str, Any]:
+    """A dict of what is built and what the machine offers (see the module docstring)."""
+    d = dict(_C.build_info())
+    d["python"] = platform.python_version()
+    d["platform"] = platform.platform()
+    try:
+        from . import _dist  # noqa: F401  (MPI: distributed attention on CPU ranks)
+        d["mpi"] = True
+        d["mpi_error"] = ""
+    except ImportError as e:
+        d["mpi"], d["mpi_error"] = False, str(e)
+    d["nccl"] = False  # no NCCL communicator yet (the CUDA distributed runtime)
+    d["torch"] = None
+    d["torch_cpp_front"] = None
+    if importlib.util.find_spec("torch") is not None:
+        import torch
+        d["torch"] = torch.__version__
+        d["torch_cuda"] = torch.version.cuda
+        try:
+            from . import _torch
+            d["torch_cpp_front"] = _torch.built_with_torch
+        except ImportError:
+            pass
+    return d
+
+
+def _lines(d: dict[str, Any]) -> list[str]:
+    gpus = d["gpus"]
+    gpu_text = ("; ".join(f"{g['index']}: {g['name']} (sm {g['compute_capability']}, "
+                          f"{g['sms']} SMs)" for g in gpus)
+                if gpus else ("none" + (f" ({d['gpu_error']})" if d["gpu_error"] else "")))
+    torch_text = "not installed" if d["torch"] is None else (
+        f"{d['torch']} (CUDA {d.get('torch_cuda')}); C++ front "
+        + ("built for " + d["torch_cpp_front"] if d["torch_cpp_front"] else "not built"))
+    front = d["torch_cpp_front"]
+    if front and d["torch"] and front != d["torch"]:
+        torch_text += " (a different torch: the Python front is used)"
+    return [
+        f"magiattn {d['version']}, Python {d['python']}, {d['platform']}",
+        f"CPU backend: compiled with {d['cpu_isa']}; running its {d['cpu_kernels']} kernels; "
+        "this CPU has " + (", ".join(d["cpu_features"]) or "none of avx2, fma, avx512f"),
+        "GPU backend: " + (f"built with CUDA {d['cuda_version']}; sm90 forward kernels: "
+                           + (d["sm90_forward"] or "none") if d["cuda"] else
+                           "not built (no nvcc or CUTLASS headers at build time, or "
+                           "MAGI_CUDA_KERNELS=none)"),
+        f"GPUs visible: {gpu_text}",
+        "MPI (distributed attention on CPU ranks): "
+        + ("yes" if d["mpi"] else f"no ({d['mpi_error']})"),
+        "NCCL (distributed attention on GPUs): " + ("yes" if d["nccl"] else "not built yet"),
+        f"torch: {torch_text}",
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args and args[0] in ("-h", "--help"):
+        print("usage: python -m magiattn [--json]\n\n" + __doc__.splitlines()[0])
+        return 0
+    d = info()
+    if args and args[0] == "--json":
+        import json
+        print(json.dumps(d, indent=1))
+    else:
+        print("\n".join(_lines(d)))
+    return 0
