@@ -2,15 +2,25 @@
 # puts the headers (include/magi), the static libraries and lib/cmake/magiattn there, and then
 #   find_package(magiattn REQUIRED)            # with CMAKE_PREFIX_PATH=P
 #   target_link_libraries(app PRIVATE magiattn::magiattn)
-# gives masks, attention (CPU and, where built, the sm90 kernels) and planning
+# gives masks, attention (CPU and, where built, the sm90 kernels) and planning; and
+#   magiattn::runtime   the distributed runtime over any magi::comm::Communicator (runtime.h)
+#   magiattn::mpi       the MPI communicator ("mpi_communicator.h"), where MPI was found
 # (examples/cpp). The component is left out of a plain install (the Python wheel's).
-# Not in it yet: the distributed runtime and the MPI communicator.
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
 
-set(magi_package_targets magi_core magi_mask magi_kernels magi_plan)
+set(magi_package_targets magi_core magi_mask magi_kernels magi_plan magi_comm magi_runtime)
 if(TARGET magi_cpu_avx512)
   list(APPEND magi_package_targets magi_cpu_avx512)
+endif()
+set_target_properties(magi_runtime PROPERTIES EXPORT_NAME runtime)
+set(MAGI_PACKAGE_MPI OFF)
+if(TARGET magi_comm_mpi)
+  list(APPEND magi_package_targets magi_comm_mpi)
+  set_target_properties(magi_comm_mpi PROPERTIES EXPORT_NAME mpi)
+  set(MAGI_PACKAGE_MPI ON)
+  install(FILES ${PROJECT_SOURCE_DIR}/src/comm/mpi/mpi_communicator.h
+          DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/magi/mpi COMPONENT magiattn_cxx EXCLUDE_FROM_ALL)
 endif()
 add_library(magi_package INTERFACE)
 set_target_properties(magi_package PROPERTIES EXPORT_NAME magiattn)

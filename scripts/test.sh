@@ -22,6 +22,9 @@ cmake --install build/release --component magiattn_cxx --prefix build/cxx-prefix
 cmake -S examples/cpp -B build/cxx-example -DCMAKE_PREFIX_PATH="$PWD/build/cxx-prefix"
 cmake --build build/cxx-example -j "$(nproc)"
 build/cxx-example/attention_example
+if [ -x build/cxx-example/mpi_example ]; then
+  mpirun -np 2 --allow-run-as-root --oversubscribe build/cxx-example/mpi_example
+fi
 if [ "${MAGI_TEST_ASAN:-0}" = 1 ]; then
   scripts/build.sh asan
   ctest --preset asan -j "$(nproc)"
