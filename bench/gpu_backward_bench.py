@@ -5,38 +5,23 @@ and MagiAttention's FFA (when `.peer` is set up: its README) on the same inputs.
     python3 bench/gpu_backward_bench.py --seqlens 8192 32768 --masks full causal --no-flex
 
 Per column: forward alone and forward + backward through autograd (out.backward(dout)),
-median of --reps timed calls of --inner each (CUDA events); backward time = the difference;
+median of --reps timed loops of --inner calls (CUDA events, the columns' repetitions
+interleaved: gpu_attention_bench.time_ms); backward time = the difference;
 TFLOP/s with FLOPs = 4 * area * Hq * D forward and 2.5x that backward (SPEC §4).
 """
 from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_attention_bench import SPEC_MASKS, build_mask, dense_ok, flex_runner  # noqa: E402
+from gpu_attention_bench import (SPEC_MASKS, build_mask, dense_ok, flex_runner,  # noqa: E402
+                                 time_ms)
 
 import magiattn  # noqa: E402
-
-
-def timed_ms(fn, reps: int, inner: int) -> float:
-    for _ in range(2):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(inner):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / inner)
-    return statistics.median(times)
 
 
 def ffa_func():
@@ -100,17 +85,24 @@ def main(argv=None) -> int:
                     cols["Flex"] = lambda: run()[0].transpose(0, 1)
                 except Exception as e:  # noqa: BLE001
                     print(f"  flex: {type(e).__name__}: {str(e)[:120]}", file=sys.stderr)
-            cells = []
+            # Each column's forward and forward + backward, tried once (a failing column says
+            # why and is dropped), then timed with the repetitions interleaved over all of them.
+            fns, failed = {}, []
             for col, fwd in cols.items():
+                fb = (lambda f=fwd: f().backward(dout))
                 try:
-                    t_f = timed_ms(fwd, args.reps, args.inner)
-                    t_fb = timed_ms(lambda: fwd().backward(dout), args.reps, args.inner)
-                    for x in leaves:
-                        x.grad = None
-                    cells.append(f"{col} {flops / t_f / 1e9:.0f} / "
-                                 f"{2.5 * flops / max(t_fb - t_f, 1e-6) / 1e9:.0f}")
-                except Exception as e:  # noqa: BLE001 - a column that fails says why once
-                    cells.append(f"{col} - ({type(e).__name__}: {str(e)[:80]})")
+                    fwd()
+                    fb()
+                except Exception as e:  # noqa: BLE001
+                    failed.append(f"{col} - ({type(e).__name__}: {str(e)[:80]})")
+                    continue
+                fns[(col, "f")], fns[(col, "fb")] = fwd, fb
+            t = time_ms(fns, args.reps, args.inner) if fns else {}
+            for x in leaves:
+                x.grad = None
+            cells = [f"{col} {flops / t[(col, 'f')] / 1e9:.0f} / "
+                     f"{2.5 * flops / max(t[(col, 'fb')] - t[(col, 'f')], 1e-6) / 1e9:.0f}"
+                     for col in cols if (col, "f") in t] + failed
             print(f"{name:<20}{n:>7} | " + " | ".join(cells), flush=True)
     return 0
 
