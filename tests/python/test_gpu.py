@@ -63,7 +63,7 @@ def test_runs_on_the_current_stream(gpu_built):
 
 
 def test_backward_says_it_is_not_built(gpu_built):
-    q = torch.randn(64, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    q = torch.randn(64, 2, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     out, _ = _run(q, q, q, masks.causal(64, 64))
     with pytest.raises(ValueError, match="GPU backward is not built yet"):
         out.sum().backward()
