@@ -106,12 +106,13 @@ TEST(Sm90Backward, DocumentsWindowsAndOverlappingSlices) {
   check_backward(masks::varlen_causal(cu), Case{}, 1, "varlen causal");
   check_backward(masks::varlen_full(cu), Case{}, 2, "varlen full");
   check_backward(masks::sliding_window(700, 900, {64, 32}), Case{}, 3, "window (64, 32)");
-  // Overlapping q ranges and k ranges shared by slices of different types.
+  // Overlapping q ranges and overlapping k ranges (no cell in two slices), all four types.
   const Mask overlap(500, 600,
-                     {Slice{{0, 500}, {100, 600}, MaskType::kCausal},
-                      Slice{{0, 300}, {0, 200}, MaskType::kFull},
-                      Slice{{200, 500}, {50, 450}, MaskType::kBiCausal},
-                      Slice{{100, 400}, {300, 600}, MaskType::kInvCausal}});
+                     {Slice{{0, 300}, {0, 100}, MaskType::kFull},
+                      Slice{{0, 500}, {100, 350}, MaskType::kCausal},
+                      Slice{{100, 400}, {450, 600}, MaskType::kInvCausal},
+                      Slice{{200, 500}, {0, 100}, MaskType::kCausal},
+                      Slice{{150, 450}, {300, 450}, MaskType::kBiCausal}});
   check_backward(overlap, Case{}, 4, "overlapping slices");
 }
 

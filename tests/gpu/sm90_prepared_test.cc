@@ -252,5 +252,47 @@ TEST(Sm90Prepared, DeviceRangesThatDifferFromThePreparedOnesGiveNan) {
   sync("device ranges");
 }
 
+TEST(Sm90Prepared, OneWorkspaceKeepsNoStateBetweenCalls) {
+  REQUIRE_GPU();
+  // The workspace carries its bookkeeping from call to call (fwd_params.h FwdWorkspaceLayout:
+  // no memset): starting from garbage (DeviceMem fills 0xff), a call with stale ranges, one
+  // with a NaN in K and clean calls in any order on the one workspace each give their own
+  // result, bit for bit.
+  const Mask mask = masks::causal(1200, 1200);
+  Case c;
+  const Problem clean = make_problem(mask, c, 15);
+  Problem bad = clean;
+  bad.k[std::size_t(300 * bad.heads_kv * bad.head_dim)] = std::nan("");
+  const PreparedMask pm(mask);
+  GpuCall ref(clean, c);
+  attn_forward(pm, ref.args(), c.opts);
+  const FwdResult want = ref.result();
+  const DeviceSlices same(mask);
+  std::vector<Slice> moved = mask.slices();
+  moved.back().q_range.end -= 1;
+  const DeviceSlices stale(Mask(mask.total_seqlen_q(), mask.total_seqlen_k(), moved));
+  const DeviceMem ws = workspace_for(clean);
+  enum Kind { kClean, kStale, kNan };
+  for (Kind kind : {kClean, kStale, kClean, kNan, kClean, kNan, kStale, kStale, kClean, kClean}) {
+    GpuCall g(kind == kNan ? bad : clean, c);
+    FwdArgs a = with_workspace(g.args(), ws);
+    a.device_ranges = kind == kStale ? stale.view() : same.view();
+    attn_forward(pm, a, c.opts);
+    const FwdResult got = g.result();
+    if (kind == kClean) {
+      EXPECT_TRUE(same_bits(got, want)) << "a clean call after others on the same workspace";
+    } else if (kind == kStale) {
+      std::size_t finite = 0;
+      for (double x : got.lse) finite += !std::isnan(x);
+      EXPECT_EQ(finite, 0u) << "stale ranges: every lse NaN";
+    } else {
+      EXPECT_TRUE(std::isnan(got.lse[std::size_t(400 * clean.heads_q)])) << "row 400 sees key 300";
+      EXPECT_EQ(got.lse[std::size_t(10 * clean.heads_q)], want.lse[std::size_t(10 * clean.heads_q)])
+          << "row 10 does not see key 300";
+    }
+  }
+  sync("one workspace");
+}
+
 }  // namespace
 }  // namespace magi

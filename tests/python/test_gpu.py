@@ -64,7 +64,10 @@ def test_runs_on_the_current_stream(gpu_built):
 
 def test_backward_names_the_head_dims_it_has(gpu_built):
     q = torch.randn(64, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    out, _ = _run(q, q, q, masks.causal(64, 64))
+    try:
+        out, _ = _run(q, q, q, masks.causal(64, 64))
+    except ValueError as e:  # a build without the D 64 forward (MAGI_CUDA_KERNELS)
+        pytest.skip(str(e))
     with pytest.raises(ValueError, match="head dim 128 only so far"):
         out.sum().backward()
 

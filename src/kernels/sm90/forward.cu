@@ -1,7 +1,7 @@
 // Host side of the sm90 forward: finds the work list (resident in a PreparedMask, or built and
-// uploaded per call), zeroes the per-call workspace (the scheduler's counter and the NaN/inf
-// flag words that flag_bad_rows fills from K and V), fills max_logits, picks the
-// instantiation for (dtype, D) and launches on the caller's stream. A call on a prepared mask
+// uploaded per call), launches the pre-pass that readies the per-call workspace (the
+// scheduler's counter and the NaN/inf row flags of K and V, flag_bad_rows) and fills
+// max_logits, then the instantiation for (dtype, D), on the caller's stream: two launches. A call on a prepared mask
 // with a workspace is capturable in a CUDA graph: stream work only, nothing synchronises.
 #include <cuda_runtime.h>
 
@@ -30,9 +30,12 @@ __global__ void fill_kernel(float* x, int n, float value) {
 // tests any (up to 4 of K and 4 of V at D 256), so the pass runs at memory bandwidth even where
 // K and V are a few MB (2k tokens: 10 us with one warp a block and one load in flight, now
 // 4). Words past the last row (the padding the kernel's unaligned reads touch) are 0.
-// With a RangeCheck, the blocks of kv head 0 also compare the caller's device ranges with the
-// prepared copy and set *stale on any difference. The forward kernel is launched as this
-// pass's programmatic dependent: it may start as soon as every block here has started.
+// The pass also readies the workspace for this call (fwd_params.h FwdWorkspaceLayout: the
+// counters zeroed, the flagged heads marked, stale ranges marked with the call's number; no
+// memset) and fills max_logits with -inf where the kernel maxes into it. With a RangeCheck, the blocks
+// of kv head 0 also compare the caller's device ranges with the prepared copy. The forward
+// kernel is launched as this pass's programmatic dependent: it may start as soon as every
+// block here has started, and reads nothing the pass writes before the pass has completed.
 constexpr int kFlagThreads = 256;
 constexpr int kFlagLoads = 4;  // per thread and tensor: 32 rows x D / 8 chunks
 static_assert(kFlagThreads * kFlagLoads >= 32 * 256 / 8, "the largest kernel head dim, 256");
@@ -43,6 +46,13 @@ __global__ void __launch_bounds__(kFlagThreads) flag_bad_rows(FwdParams p, int c
   detail::launch_dependents();
   __shared__ unsigned warp_bits[kFlagThreads / 32];
   const int word = int(blockIdx.x), head = int(blockIdx.y), t = int(threadIdx.x);
+  const int block = head * int(gridDim.x) + word;
+  if (block == 0 && t == 0) *p.counter = 0, *p.done = 0;
+  if (p.max_logits != nullptr && !p.accumulate) {
+    for (int i = block * kFlagThreads + t; i < p.heads_q;
+         i += int(gridDim.x * gridDim.y) * kFlagThreads)
+      p.max_logits[i] = -INFINITY;
+  }
   uint4 kc[kFlagLoads], vc[kFlagLoads];
   bool live[kFlagLoads];
 #pragma unroll
@@ -67,7 +77,7 @@ __global__ void __launch_bounds__(kFlagThreads) flag_bad_rows(FwdParams p, int c
     unsigned all = 0;
     for (unsigned b : warp_bits) all |= b;
     flags[std::int64_t(head) * gridDim.x + word] = all;
-    if (all != 0u) atomicOr(&any[head], 1u);
+    if (all != 0u) any[head] = 1u;
   }
   if (rc.count == 0 || head != 0) return;
   // Head 0's blocks also compare the caller's ranges with the prepared ones, a slice a thread.
@@ -84,7 +94,7 @@ __global__ void __launch_bounds__(kFlagThreads) flag_bad_rows(FwdParams p, int c
                load(rc.k, rc.range_bytes, 2 * i + 1) != e[3] ||
                (rc.types == nullptr ? 0 : load(rc.types, rc.type_bytes, i)) != e[4];
   }
-  if (__any_sync(0xffffffffu, differs) && t % 32 == 0) atomicOr(rc.stale, 1u);
+  if (__any_sync(0xffffffffu, differs) && t % 32 == 0) *rc.stale = *p.epoch + 1;  // the call
 }
 
 using Launcher = cudaError_t (*)(const FwdParams&, int, std::int64_t, cudaStream_t);
@@ -165,7 +175,7 @@ void forward(const Mask& mask, const PreparedMask* prepared, const FwdArgs& a, c
     p.max_logits = static_cast<float*>(a.max_logits->data);
     MAGI_CHECK(a.max_logits->stride[0] == 1 || dm.heads_q == 1,
                "max_logits: must be contiguous on the GPU, got ", a.max_logits->describe());
-    if (!r.accumulate) {
+    if (!r.accumulate && dm.num_q == 0) {  // else the pre-pass fills it
       fill_kernel<<<int((dm.heads_q + 255) / 256), 256, 0, stream>>>(p.max_logits,
                                                                   int(dm.heads_q), -INFINITY);
       MAGI_CUDA_CHECK(cudaGetLastError(), "max_logits fill");
@@ -203,8 +213,9 @@ void forward(const Mask& mask, const PreparedMask* prepared, const FwdArgs& a, c
     p.tiles = reinterpret_cast<const Tile*>(dev);
     p.pieces = reinterpret_cast<const Piece*>(dev + img.pieces_off);
   }
-  MAGI_CUDA_CHECK(cudaMemsetAsync(scratch, 0, ws.flags_off, stream), "workspace zeroing");
   p.counter = reinterpret_cast<std::int32_t*>(scratch);
+  p.done = reinterpret_cast<unsigned*>(scratch + ws.done_off);
+  p.epoch = reinterpret_cast<unsigned long long*>(scratch + ws.epoch_off);
   auto* flags = reinterpret_cast<unsigned*>(scratch + ws.flags_off);
   auto* any = reinterpret_cast<unsigned*>(scratch + ws.any_off);
   p.bad_rows = flags, p.bad_any = any, p.bad_words = ws.bad_words;
@@ -213,7 +224,7 @@ void forward(const Mask& mask, const PreparedMask* prepared, const FwdArgs& a, c
     const DeviceRanges& dr = *a.device_ranges;
     rc = RangeCheck{dr.q, dr.k, dr.types, dr.range_bytes, dr.type_bytes,
                     std::int32_t(dr.count), expect,
-                    reinterpret_cast<unsigned*>(scratch + ws.stale_off)};
+                    reinterpret_cast<unsigned long long*>(scratch + ws.stale_off)};
     p.stale = rc.stale;
   }
   const dim3 flag_grid(unsigned(ws.bad_words), unsigned(dm.heads_kv));

@@ -556,7 +556,8 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
       bool any_nan = false;         // a row of this thread is NaN (max_logits)
       // Ranges that differ from the prepared ones (FwdParams::stale): every row NaN, as a row
       // that read a NaN.
-      const bool stale = p.stale != nullptr && *p.stale != 0u;
+      // (*epoch + 1 is this call's number until the end of the kernel, below)
+      const bool stale = p.stale != nullptr && *p.stale == *p.epoch + 1;
       CUTE_UNROLL
       for (int i = 0; i < kRows; ++i) {
         const int row = q0 + get<0>(cO(i, 0));
@@ -734,6 +735,16 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
         store2<OutType::kF32>(p.out, a, x0, x1);
       });
     }
+  }
+  // The last CTA of the grid to finish readies the workspace for the next call (fwd_params.h
+  // FwdWorkspaceLayout). A CTA counts itself once all its consumer threads are past their last
+  // item (its producer and fixer, which also read bad_any, finished theirs before); no fence:
+  // what this call read is in registers by then, and the next call reads these words after
+  // the kernel boundary.
+  detail::named_sync(1 + C::kWarpgroups, C::kConsumerThreads);
+  if (ctid == 0 && atomicAdd(p.done, 1u) == gridDim.x - 1u) {
+    for (int h = 0; h < p.heads_kv; ++h) p.bad_any[h] = 0u;
+    atomicAdd(p.epoch, 1ull);  // every other reader of this call's number is done
   }
 }
 

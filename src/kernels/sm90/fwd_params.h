@@ -30,13 +30,20 @@ constexpr int fwd_block_n(int head_dim) {
 // Words of NaN/inf row flags a key block spans (32 keys per word, blocks of at most 128 keys).
 inline constexpr int kBadWords = 4;
 
-// The per-call workspace (attention.h FwdArgs::workspace), 16-byte aligned pieces: the
-// scheduler's counter and the stale-ranges word (4 bytes each), one "any flagged row" word per
-// kv head, then bad_words row-flag words per kv head (one bit per key row, kBadWords + 1 words
-// of padding for the blocks' reads). The first flags_off bytes are zeroed per call; the rest
-// is written by the pre-pass.
+// The per-call workspace (attention.h FwdArgs::workspace), in 16-byte aligned pieces: the
+// scheduler's counter and the count of finished consumer warpgroups (int32 each), the call
+// count (u64), the stale-ranges word (u64), one "some row flagged" word per kv head, then
+// bad_words row-flag words per kv head (one bit per key row, kBadWords + 1 words of padding
+// for the blocks' reads). Nothing is zeroed on the host: the pre-pass zeroes both counters,
+// overwrites every flag word, sets the "some row flagged" word of each head with a flagged row
+// and marks the stale word with the call's number (epoch + 1); the kernel's last warpgroup to
+// finish clears the "some row flagged" words and stores the call's number as the new epoch.
+// So any initial content gives exact results: a "some row flagged" word left nonzero only
+// costs the per-row check, and a fresh buffer's stale word equals the call's number only by
+// a 2^-64 chance.
 struct FwdWorkspaceLayout {
-  std::size_t stale_off = 4, any_off = 16, flags_off = 0, bytes = 0;
+  std::size_t done_off = 4, epoch_off = 8, stale_off = 16, any_off = 32, flags_off = 0,
+              bytes = 0;
   std::int32_t bad_words = 0;
 };
 constexpr FwdWorkspaceLayout fwd_workspace_layout(std::int64_t num_k, std::int64_t heads_kv) {
@@ -65,20 +72,25 @@ struct FwdParams {
   bool accumulate = false;  // out (fp32) and lse hold a partial result to merge with
   bool out_pairs = false;   // out's strides and pointer let two adjacent columns go as one store
   bool out_rows16 = false;  // 16-bit out whose strides and pointer let 8 columns go as one 16-byte store
-  // Work list on the device, and the persistent scheduler's counter (zeroed per launch).
+  // Work list on the device, and the persistent scheduler's counter.
   const Tile* tiles = nullptr;
   const Piece* pieces = nullptr;
   std::int32_t num_tiles = 0;
   std::int32_t* counter = nullptr;
+  // The workspace's bookkeeping (FwdWorkspaceLayout): finished consumer warpgroups, and the
+  // call count (this call is *epoch + 1).
+  unsigned* done = nullptr;
+  unsigned long long* epoch = nullptr;
   // Per kv head, one bit per key row: its K or V row holds a NaN/inf (docs/numerics.md),
   // written by a pass over K and V before the kernel; bad_words words per head (padded), and
-  // bad_any[head] != 0 when any row of the head is flagged (so clean heads skip the bits).
+  // bad_any[head] != 0 when some row of the head may be flagged (so clean heads skip the bits).
   const unsigned* bad_rows = nullptr;
-  const unsigned* bad_any = nullptr;
+  unsigned* bad_any = nullptr;
   std::int32_t bad_words = 0;
-  // Nonzero when the caller's device ranges differ from the prepared ones (the pre-pass
-  // compares them, attention.h DeviceRanges): every out, lse and max_logits element is NaN.
-  const unsigned* stale = nullptr;
+  // This call's number when the caller's device ranges differ from the prepared ones (the
+  // pre-pass compares them, attention.h DeviceRanges): every out, lse and max_logits element
+  // is NaN.
+  const unsigned long long* stale = nullptr;
 };
 
 // What the pre-pass compares: the caller's ranges and the prepared copy, int32 [N][5] (q0, q1,
@@ -89,7 +101,7 @@ struct RangeCheck {
   const void* types = nullptr;  // null: every slice full
   std::int32_t range_bytes = 4, type_bytes = 4, count = 0;
   const std::int32_t* expect = nullptr;
-  unsigned* stale = nullptr;
+  unsigned long long* stale = nullptr;
 };
 
 }  // namespace magi::kernels::sm90
