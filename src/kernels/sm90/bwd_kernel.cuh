@@ -412,9 +412,11 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
           const int q = bi.qb + get<0>(cQ(i, 0));
           if (q < pc.q0 || q >= pc.q1) continue;
           float* row = acc + std::int64_t(q) * p.heads_q * kD;
+          // Columns j and j + 1 of the accumulator are adjacent: one 8-byte reduction each.
           CUTE_UNROLL
-          for (int j = 0; j < decltype(size<1>(dQ))::value; ++j)
-            atomicAdd(row + get<1>(cQ(i, j)), dQ(i, j));
+          for (int j = 0; j < decltype(size<1>(dQ))::value; j += 2)
+            atomicAdd(reinterpret_cast<float2*>(row + get<1>(cQ(i, j))),
+                      make_float2(dQ(i, j), dQ(i, j + 1)));
         }
         if (bi.last) break;
       }
