@@ -405,18 +405,25 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
         warpgroup_fence_operand(tdKrdK);
         warpgroup_fence_operand(tdQrdQ);
         if (leader) Barrier::arrive(&s.q_empty[r.stage]);
-        // dQ (unscaled) into the accumulator: rows of the piece only (the others add 0).
+        // dQ (unscaled) into the accumulator: rows of the piece only (the others add 0), in
+        // 16-byte reductions. A thread holds columns (c, c + 1) of rows r and r + 8 per group
+        // of 8 columns, its quad neighbour (lane ^ 1) columns (c + 2, c + 3) or (c - 2, c - 1):
+        // the two swap one pair, the even lane then holds four columns of row r, the odd one
+        // four of row r + 8.
+        static_assert(decltype(size<0>(dQ))::value == 2, "rows r and r + 8 per thread");
         float* acc = p.dq_acc + std::int64_t(bi.head) * kD + (kD / C::kWarpgroups) * wg;
+        const int odd = wtid & 1;
+        const int q = bi.qb + get<0>(cQ(odd, 0));
+        float* row = acc + std::int64_t(q) * p.heads_q * kD;
+        const bool live = q >= pc.q0 && q < pc.q1;
         CUTE_UNROLL
-        for (int i = 0; i < decltype(size<0>(dQ))::value; ++i) {
-          const int q = bi.qb + get<0>(cQ(i, 0));
-          if (q < pc.q0 || q >= pc.q1) continue;
-          float* row = acc + std::int64_t(q) * p.heads_q * kD;
-          // Columns j and j + 1 of the accumulator are adjacent: one 8-byte reduction each.
-          CUTE_UNROLL
-          for (int j = 0; j < decltype(size<1>(dQ))::value; j += 2)
-            atomicAdd(reinterpret_cast<float2*>(row + get<1>(cQ(i, j))),
-                      make_float2(dQ(i, j), dQ(i, j + 1)));
+        for (int j = 0; j < decltype(size<1>(dQ))::value; j += 2) {
+          const float x0 = __shfl_xor_sync(0xffffffffu, odd ? dQ(0, j) : dQ(1, j), 1);
+          const float x1 = __shfl_xor_sync(0xffffffffu, odd ? dQ(0, j + 1) : dQ(1, j + 1), 1);
+          const float4 v = odd ? make_float4(x0, x1, dQ(1, j), dQ(1, j + 1))
+                               : make_float4(dQ(0, j), dQ(0, j + 1), x0, x1);
+          if (live)
+            atomicAdd(reinterpret_cast<float4*>(row + get<1>(cQ(0, j)) - 2 * odd), v);
         }
         if (bi.last) break;
       }
