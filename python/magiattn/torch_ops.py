@@ -206,7 +206,7 @@ def ffa_backward(
     softmax_scale: Optional[float], softcap: float, deterministic: bool, sm_margin: int = 0,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """``(dq, dk, dv, dsink)``; dsink is an empty tensor when there is no sink."""
-    mask = prepared_mask(q.shape[0], k.shape[0], q_ranges, k_ranges, attn_type_map).mask
+    mask = prepared_mask(q.shape[0], k.shape[0], q_ranges, k_ranges, attn_type_map)
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
@@ -218,7 +218,7 @@ def ffa_backward(
                 dq, dk, dv, mask, sink=None if sink is None else sink.detach(),
                 dsink=None if sink is None else dsink, softmax_scale=softmax_scale,
                 softcap=softcap, sink_layout=sink_layout, deterministic=deterministic,
-                sm_margin=sm_margin)
+                sm_margin=sm_margin, cuda_stream=_stream(q))
     return dq, dk, dv, dsink
 
 

@@ -39,13 +39,16 @@ void forward(nb::handle q, nb::handle k, nb::handle v, const Mask& mask, nb::han
   attn_forward(mask, a, opts);
 }
 
+// On a Mask or a PreparedMask (the GPU backward keeps its work list in the latter).
+template <class M>
 void backward(nb::handle dout, nb::handle q, nb::handle k, nb::handle v, nb::handle out,
-              nb::handle lse, nb::handle dq, nb::handle dk, nb::handle dv, const Mask& mask,
+              nb::handle lse, nb::handle dq, nb::handle dk, nb::handle dv, const M& mask,
               nb::handle sink, nb::handle dsink, std::optional<double> softmax_scale,
               double softcap, const std::string& sink_layout, bool accumulate, bool deterministic,
-              int num_threads, int sm_margin) {
-  const AttnOptions opts = attn_options(softmax_scale, softcap, sink_layout, accumulate,
-                                        deterministic, num_threads, sm_margin);
+              int num_threads, int sm_margin, std::uintptr_t cuda_stream) {
+  AttnOptions opts = attn_options(softmax_scale, softcap, sink_layout, accumulate,
+                                  deterministic, num_threads, sm_margin);
+  opts.cuda_stream = cuda_stream;
   TensorArgs t;
   const BwdArgs a = bwd_args(t, dout, q, k, v, out, lse, dq, dk, dv, sink, dsink);
   nb::gil_scoped_release release;
@@ -169,13 +172,20 @@ void bind_attention(nb::module_& m) {
   m.attr("_capi") = nb::capsule(&kCApi, kCApiCapsule);  // for magiattn._torch (capi.h)
   m.def("forward_workspace_bytes", &attn_forward_workspace_bytes, "num_k"_a, "heads_kv"_a,
         "bytes of the GPU forward's per-call workspace");
-  m.def("backward", &backward, "dout"_a, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "dq"_a, "dk"_a,
-        "dv"_a, "mask"_a, nb::kw_only(), "sink"_a.none() = nb::none(),
-        "dsink"_a.none() = nb::none(), "softmax_scale"_a.none() = nb::none(),
-        "softcap"_a = defaults.softcap, "sink_layout"_a = "sh",
-        "accumulate"_a = defaults.accumulate, "deterministic"_a = defaults.deterministic,
-        "num_threads"_a = defaults.num_threads, "sm_margin"_a = defaults.sm_margin,
-        "FFA backward (docs/semantics.md §2) into dq, dk, dv (and dsink); returns None");
+  auto def_backward = [&](auto fn) {
+    m.def("backward", fn, "dout"_a, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "dq"_a, "dk"_a,
+          "dv"_a, "mask"_a, nb::kw_only(), "sink"_a.none() = nb::none(),
+          "dsink"_a.none() = nb::none(), "softmax_scale"_a.none() = nb::none(),
+          "softcap"_a = defaults.softcap, "sink_layout"_a = "sh",
+          "accumulate"_a = defaults.accumulate, "deterministic"_a = defaults.deterministic,
+          "num_threads"_a = defaults.num_threads, "sm_margin"_a = defaults.sm_margin,
+          "cuda_stream"_a = 0,
+          "FFA backward (docs/semantics.md §2) into dq, dk, dv (and dsink) on a Mask or a "
+          "PreparedMask; returns None. CUDA tensors run on cuda_stream (a cudaStream_t as an "
+          "int; 0: the default stream)");
+  };
+  def_backward(&backward<Mask>);
+  def_backward(&backward<PreparedMask>);
   m.def("build_info", [] {
     const BuildInfo b = build_info();
     nb::list gpus;

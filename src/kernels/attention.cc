@@ -245,9 +245,11 @@ kernels::Resolved check_forward_args(const Mask& mask, const FwdArgs& a,
 
 kernels::Resolved check_backward_args(const Mask& mask, const BwdArgs& a,
                                       const AttnOptions& opts) {
-  MAGI_CHECK(!on_gpu(a.q), "attn_backward: the GPU backward is not built yet (q is on ",
-             device_name(a.q), "); run it on CPU tensors");
   const kernels::Resolved r = resolve(mask, a.q, a.k, a.v, a.sink, opts);
+  if (on_gpu(a.q)) {
+    check_gpu_input(a.dout, "dout");
+    MAGI_CHECK(a.out.dtype != DType::kF64, "out: fp64 on the GPU");
+  }
   check_view(a.dout, "dout", 3);
   check_device(a.dout, "dout", a.q);
   check_device(a.out, "out", a.q);
@@ -323,10 +325,20 @@ void attn_forward(const PreparedMask& pm, const FwdArgs& a, const AttnOptions& o
 
 void attn_backward(const Mask& mask, const BwdArgs& a, const AttnOptions& opts) {
   const kernels::Resolved r = check_backward_args(mask, a, opts);
+#ifdef MAGI_HAS_SM90
+  if (on_gpu(a.q))
+    return kernels::sm90::backward(mask, nullptr, a, r, opts.sm_margin, opts.cuda_stream);
+#endif
   kernels::cpu::backward(mask, a, r);
 }
 
 void attn_backward(const PreparedMask& pm, const BwdArgs& a, const AttnOptions& opts) {
+#ifdef MAGI_HAS_SM90
+  if (on_gpu(a.q)) {
+    const kernels::Resolved r = check_backward_args(pm.mask(), a, opts);
+    return kernels::sm90::backward(pm.mask(), &pm, a, r, opts.sm_margin, opts.cuda_stream);
+  }
+#endif
   attn_backward(pm.mask(), a, opts);  // the CPU backward keeps nothing per mask
 }
 

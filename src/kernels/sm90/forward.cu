@@ -6,27 +6,19 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <array>
-#include <atomic>
-#include <cstring>
-#include <mutex>
-#include <vector>
 
 #include "../backend.h"
+#include "device_work.h"
 #include "fwd_instances.h"
 #include "fwd_kernel.cuh"
+#include "host_common.h"
 #include "magi/error.h"
 #include "magi/prepared.h"
 
 namespace magi::kernels::sm90 {
 namespace {
 
-#define MAGI_CUDA_CHECK(expr, what)                                                   \
-  do {                                                                                \
-    const cudaError_t magi_err_ = (expr);                                             \
-    MAGI_CHECK(magi_err_ == cudaSuccess, "GPU forward: ", what, ": ",                 \
-               cudaGetErrorName(magi_err_), " (", cudaGetErrorString(magi_err_), ")"); \
-  } while (0)
+#define MAGI_CUDA_CHECK(expr, what) MAGI_CUDA_CHECK_IN("GPU forward", expr, what)
 
 __global__ void fill_kernel(float* x, int n, float value) {
   const int i = int(blockIdx.x * blockDim.x + threadIdx.x);
@@ -115,134 +107,6 @@ Launcher find_launcher(DType t, std::int64_t d) {
   return nullptr;
 }
 
-OutType out_type(DType t) {
-  switch (t) {
-    case DType::kBF16: return OutType::kBF16;
-    case DType::kF16: return OutType::kF16;
-    case DType::kF32: return OutType::kF32;
-    default: MAGI_FAIL("out: dtype ", dtype_name(t), " is not bf16, fp16 or fp32 on the GPU");
-  }
-}
-
-int sm_count(int device) {
-  static std::array<std::atomic<int>, 64> known{};  // per device; 0: not asked yet
-  const bool cached = device >= 0 && device < int(known.size());
-  if (cached && known[std::size_t(device)].load(std::memory_order_relaxed) > 0)
-    return known[std::size_t(device)].load(std::memory_order_relaxed);
-  int n = 0;
-  MAGI_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device),
-                  "multiprocessor count");
-  if (cached) known[std::size_t(device)].store(n, std::memory_order_relaxed);
-  return n;
-}
-
-// CUDA calls that are not stream work (allocation, a private stream's copy) made while some
-// stream of this process is being captured: relaxed, as torch's allocator does, so they neither
-// fail nor invalidate the capture.
-class RelaxedCapture {
- public:
-  RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode_); }
-  ~RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode_); }
-
- private:
-  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
-};
-
-constexpr std::size_t align16(std::size_t n) { return (n + 15) / 16 * 16; }
-
-// Tiles then pieces, as the kernel reads them (then the slices, see work_image).
-struct WorkImage {
-  std::vector<unsigned char> bytes;
-  std::size_t pieces_off = 0, slices_off = 0;
-  std::int32_t num_tiles = 0;
-};
-
-// Tiles, pieces, and (for a prepared mask) the slices as int32 (q0, q1, k0, k1, type) that
-// the pre-pass compares the caller's device ranges with.
-WorkImage work_image(const Mask& mask, int head_dim, bool with_slices) {
-  const WorkList w = make_work_list(mask, fwd_block_m(head_dim), fwd_block_n(head_dim));
-  WorkImage img;
-  const std::size_t tiles_bytes = w.tiles.size() * sizeof(Tile);
-  img.pieces_off = align16(tiles_bytes);
-  img.slices_off = align16(img.pieces_off + w.pieces.size() * sizeof(Piece));
-  std::vector<std::int32_t> slices;
-  if (with_slices)
-    for (const Slice& sl : mask.slices())  // make_work_list checked the 32-bit range
-      slices.insert(slices.end(), {std::int32_t(sl.q_range.start), std::int32_t(sl.q_range.end),
-                                   std::int32_t(sl.k_range.start), std::int32_t(sl.k_range.end),
-                                   std::int32_t(sl.type)});
-  img.bytes.assign(img.slices_off + slices.size() * sizeof(std::int32_t), 0);
-  std::memcpy(img.bytes.data(), w.tiles.data(), tiles_bytes);
-  std::memcpy(img.bytes.data() + img.pieces_off, w.pieces.data(), w.pieces.size() * sizeof(Piece));
-  std::memcpy(img.bytes.data() + img.slices_off, slices.data(),
-              slices.size() * sizeof(std::int32_t));
-  img.num_tiles = std::int32_t(w.tiles.size());
-  return img;
-}
-
-// One stream per device for the uploads of prepared work lists: the host waits for its copy
-// only, never for the compute queued on the caller's stream.
-cudaStream_t upload_stream(int device) {
-  static std::mutex mu;
-  static std::array<cudaStream_t, 64> streams{};
-  MAGI_CHECK(device >= 0 && device < int(streams.size()), "GPU forward: device ", device,
-             " beyond the ", streams.size(), " this build supports");
-  std::lock_guard<std::mutex> lock(mu);
-  cudaStream_t& s = streams[std::size_t(device)];
-  if (s == nullptr) MAGI_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking),
-                                    "upload stream");
-  return s;  // kept for the process (destroying it at exit could outlive the driver)
-}
-
-// A work list resident on one device, owned by a PreparedMask (prepared.h).
-class DeviceWork final : public PreparedState {
- public:
-  DeviceWork(const Mask& mask, int device, int head_dim) {
-    WorkImage img = work_image(mask, head_dim, true);
-    num_tiles_ = img.num_tiles;
-    slices_off_ = img.slices_off;
-    bytes_ = std::max<std::size_t>(img.bytes.size(), 16);
-    RelaxedCapture relaxed;
-    MAGI_CUDA_CHECK(cudaMalloc(&dev_, bytes_), "prepared work list allocation");
-    const cudaStream_t s = upload_stream(device);
-    cudaError_t e = cudaMemcpyAsync(dev_, img.bytes.data(), img.bytes.size(),
-                                    cudaMemcpyHostToDevice, s);
-    if (e == cudaSuccess) e = cudaStreamSynchronize(s);
-    if (e != cudaSuccess) cudaFree(dev_);
-    MAGI_CUDA_CHECK(e, "prepared work list upload");
-    pieces_off_ = img.pieces_off;
-  }
-  ~DeviceWork() override {
-    RelaxedCapture relaxed;
-    cudaFree(dev_);  // waits for the kernels that may still read it
-  }
-  std::size_t device_bytes() const override { return bytes_; }
-  const Tile* tiles() const { return static_cast<const Tile*>(dev_); }
-  const Piece* pieces() const {
-    return reinterpret_cast<const Piece*>(static_cast<const unsigned char*>(dev_) + pieces_off_);
-  }
-  std::int32_t num_tiles() const { return num_tiles_; }
-  const std::int32_t* slices() const {
-    return reinterpret_cast<const std::int32_t*>(static_cast<const unsigned char*>(dev_) +
-                                                 slices_off_);
-  }
-
- private:
-  void* dev_ = nullptr;
-  std::size_t bytes_ = 0, pieces_off_ = 0, slices_off_ = 0;
-  std::int32_t num_tiles_ = 0;
-};
-
-// Frees the per-call allocation after the kernels on the stream (stream-ordered), also on
-// an error path.
-struct StreamFree {
-  void* ptr = nullptr;
-  cudaStream_t stream = nullptr;
-  ~StreamFree() {
-    if (ptr != nullptr) cudaFreeAsync(ptr, stream);
-  }
-};
-
 }  // namespace
 
 CUresult encode_tiled(CUtensorMap* map, CUtensorMapDataType type, cuuint32_t rank, void* address,
@@ -300,7 +164,7 @@ void forward(const Mask& mask, const PreparedMask* prepared, const FwdArgs& a, c
   p.heads_q = std::int32_t(dm.heads_q), p.heads_kv = std::int32_t(dm.heads_kv);
   p.scale = float(r.scale);
   p.softcap = float(r.softcap);
-  p.out_type = out_type(a.out.dtype);
+  p.out_type = out_type(a.out.dtype, "out");
   p.accumulate = r.accumulate;
   p.out_pairs = p.o_row % 2 == 0 && p.o_head % 2 == 0 &&
                 reinterpret_cast<std::uintptr_t>(p.out) % (2 * dtype_size(a.out.dtype)) == 0;
@@ -326,13 +190,12 @@ void forward(const Mask& mask, const PreparedMask* prepared, const FwdArgs& a, c
   WorkImage img;
   const std::int32_t* expect = nullptr;
   if (prepared != nullptr) {
-    const auto& work = static_cast<const DeviceWork&>(prepared->state(
-        device, fwd_block_m(d) << 16 | fwd_block_n(d),
-        [&] { return std::make_unique<DeviceWork>(mask, device, d); }));
+    const DeviceWork& work =
+        device_work(*prepared, device, fwd_block_m(d), fwd_block_n(d), TileAxis::kQuery);
     p.tiles = work.tiles(), p.pieces = work.pieces(), p.num_tiles = work.num_tiles();
     expect = work.slices();
   } else {
-    img = work_image(mask, d, false);
+    img = work_image(mask, fwd_block_m(d), fwd_block_n(d), TileAxis::kQuery, false);
     p.num_tiles = img.num_tiles;
   }
   const bool own_scratch = !a.workspace.has_value();

@@ -1,4 +1,4 @@
-// Device-side helpers of the sm90 forward (fwd_kernel.cuh): accumulator views, quad
+// Device-side helpers of the sm90 kernels (fwd_kernel.cuh, bwd_kernel.cuh): accumulator views, quad
 // reductions, the LSE merge, output stores, named barriers, the wgmma issue, the walk over a
 // tile's key blocks and the mbarrier ring position.
 #pragma once
@@ -7,6 +7,7 @@
 #include <cuda_fp16.h>
 
 #include <cute/tensor.hpp>
+#include <cute/atom/copy_traits_sm90_tma.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 
 #include "fwd_params.h"
@@ -32,6 +33,18 @@ __device__ auto rowcol(Layout l) {
 template <class Tensor>
 __device__ auto as_rowcol(Tensor&& t) {
   return cute::make_tensor(t.data(), rowcol(t.layout()));
+}
+
+// A TMA descriptor over a strided (rows, kD, heads) tensor (strides in elements), copying tiles
+// of the shared-memory layout's shape (host side, per call).
+template <class T, int kD, class SmemLayout>
+auto tma_rows(const T* ptr, int rows, int heads, std::int64_t row_stride, std::int64_t head_stride,
+              SmemLayout smem) {
+  using namespace cute;
+  using RowsLayout = Layout<Shape<int, int, int>, Stride<std::int64_t, _1, std::int64_t>>;
+  const RowsLayout g(make_shape(rows, kD, heads), make_stride(row_stride, _1{}, head_stride));
+  return make_tma_copy(SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(ptr), g), smem,
+                       product_each(shape(smem)), _1{});
 }
 
 // 2^x as one MUFU.EX2 (flushes results below 2^-126 to 0; exp2f adds a range test and two

@@ -106,19 +106,12 @@ struct FwdConfig {
                                  cute::GMMA::Major::MN>(),
       WarpGroups{}));
 
-  // A TMA descriptor over a strided (rows, D, heads) tensor (strides in elements), copying
-  // tiles of the smem layout's shape.
-  using RowsLayout = cute::Layout<cute::Shape<int, int, int>, cute::Stride<std::int64_t, cute::_1, std::int64_t>>;
-  template <class SmemLayout>
-  static auto tma_rows(const T* ptr, int rows, int heads, std::int64_t row_stride,
-                       std::int64_t head_stride, SmemLayout smem) {
-    const RowsLayout g(cute::make_shape(rows, kD, heads),
-                       cute::make_stride(row_stride, cute::_1{}, head_stride));
-    return cute::make_tma_copy(cute::SM90_TMA_LOAD{}, cute::make_tensor(cute::make_gmem_ptr(ptr), g),
-                               smem, cute::product_each(cute::shape(smem)), cute::_1{});
-  }
-  using TmaQ = decltype(tma_rows(nullptr, 0, 0, 0, 0, LayoutQ{}));
-  using TmaKV = decltype(tma_rows(nullptr, 0, 0, 0, 0, cute::take<0, 2>(LayoutK{})));
+  // The TMA copy types of Q tiles and K/V blocks (detail::tma_rows builds them per call).
+  template <class Smem>
+  using TmaOf =
+      decltype(detail::tma_rows<T, kD>(static_cast<const T*>(nullptr), 0, 0, 0, 0, Smem{}));
+  using TmaQ = TmaOf<LayoutQ>;
+  using TmaKV = TmaOf<decltype(cute::take<0, 2>(LayoutK{}))>;
 
   struct Smem {
     alignas(1024) T q[cute::cosize_v<LayoutQ>];

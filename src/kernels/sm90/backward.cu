@@ -1,0 +1,258 @@
+// Host side of the sm90 backward (bwd_params.h has the three launches): finds the key-tile work
+// list (resident in a PreparedMask, or built and uploaded per call), lays out the per-call
+// workspace (cudaMallocAsync: NOT YET a caller's workspace), and queues the row pass, the main
+// kernel and the dq / dsink pass on the caller's stream. Work in progress: head dim 128, no
+// softcap, no deterministic mode.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "../backend.h"
+#include "bwd_kernel.cuh"
+#include "device_work.h"
+#include "fwd_instances.h"
+#include "host_common.h"
+#include "magi/error.h"
+
+#define MAGI_CUDA_CHECK(expr, what) MAGI_CUDA_CHECK_IN("GPU backward", expr, what)
+
+namespace magi::kernels::sm90 {
+namespace {
+
+__device__ inline float load_float(const void* x, std::int64_t i, OutType t) {
+  switch (t) {
+    case OutType::kBF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(x)[i]);
+    case OutType::kF16: return __half2float(static_cast<const __half*>(x)[i]);
+    default: return static_cast<const float*>(x)[i];
+  }
+}
+
+struct RowsArgs {
+  OutType out_type, dout_type;
+  std::int32_t head_dim;
+};
+
+// A warp per (row, q head): Delta = rowsum(out * dout) in fp32 and lse in log2 units into the
+// workspace rows [Hq][rows_pad]; rows past num_q get lse +inf and Delta 0 (P = 0 there). A row
+// whose lse is finite but whose Delta is not (a NaN/inf in out or dout) gets lse NaN
+// (docs/numerics.md): the cells it sees give NaN gradients. The main kernel is this pass's
+// programmatic dependent.
+__global__ void bwd_rows(BwdParams p, RowsArgs ra) {
+  detail::launch_dependents();
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
+  const std::int64_t row = std::int64_t(blockIdx.x) * 8 + warp;
+  const int h = int(blockIdx.y);
+  if (row >= p.rows_pad) return;
+  float* lse2 = p.lse2 + std::int64_t(h) * p.rows_pad + row;
+  float* delta = p.delta + std::int64_t(h) * p.rows_pad + row;
+  if (row >= p.num_q) {
+    if (lane == 0) *lse2 = INFINITY, *delta = 0.f;
+    return;
+  }
+  float acc = 0.f;
+  for (int c = lane; c < ra.head_dim; c += 32)
+    acc += load_float(p.out, row * p.o_row + h * p.o_head + c, ra.out_type) *
+           load_float(p.dout, row * p.do_row + h * p.do_head + c, ra.dout_type);
+  for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  if (lane != 0) return;
+  const float lse = p.lse_in[row * p.lse_row + h * p.lse_head];
+  const bool poisoned = lse != -INFINITY && (!isfinite(lse) || !isfinite(acc));
+  *lse2 = poisoned ? __int_as_float(0x7fffffff) : lse * detail::kLog2e;
+  *delta = acc;
+}
+
+// dq = scale * accumulator (+ the given dq under accumulate), element by element.
+__global__ void bwd_dq(BwdParams p, std::int32_t head_dim) {
+  const std::int64_t n = std::int64_t(p.num_q) * p.heads_q * head_dim;
+  for (std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += std::int64_t(gridDim.x) * blockDim.x) {
+    const std::int64_t c = i % head_dim, rh = i / head_dim, h = rh % p.heads_q, row = rh / p.heads_q;
+    const std::int64_t at = row * p.dq_row + h * p.dq_head + c;
+    float x = p.scale * p.dq_acc[i];
+    if (p.accumulate) x += static_cast<float*>(p.dq)[at];
+    detail::store(p.dq, at, p.dq_type, x);
+  }
+}
+
+// dsink_j = -sum_q exp(sink_j - lse_q) Delta_q (docs/semantics.md): per head over all rows for
+// "sh" (a block per (j, head), summed in a fixed order: deterministic), per row for "ssh".
+struct SinkArgs {
+  const float* sink = nullptr;
+  float* dsink = nullptr;
+  std::int64_t row = 0, s = 0, head = 0;  // strides of sink and dsink (row 0: "sh")
+  std::int64_t drow = 0, ds = 0, dhead = 0;
+  std::int32_t len = 0;
+  bool ssh = false;
+};
+
+__device__ inline float sink_term(const BwdParams& p, float sink, std::int64_t q, int h) {
+  const float lse = p.lse_in[q * p.lse_row + h * p.lse_head];
+  const float lse2 = p.lse2[std::int64_t(h) * p.rows_pad + q];
+  if (lse == -INFINITY) return 0.f;
+  if (lse2 != lse2) return __int_as_float(0x7fffffff);  // a poisoned row
+  return -expf(sink - lse) * p.delta[std::int64_t(h) * p.rows_pad + q];
+}
+
+__global__ void bwd_dsink_sh(BwdParams p, SinkArgs sa) {
+  const int j = int(blockIdx.x), h = int(blockIdx.y);
+  const float sink = sa.sink[j * sa.s + h * sa.head];
+  float acc = 0.f;
+  for (std::int64_t q = threadIdx.x; q < p.num_q; q += blockDim.x) acc += sink_term(p, sink, q, h);
+  __shared__ float part[32];
+  for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = acc;
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  float sum = 0.f;
+  for (int w = 0; w < int(blockDim.x) / 32; ++w) sum += part[w];
+  float* out = sa.dsink + j * sa.ds + h * sa.dhead;
+  *out = p.accumulate ? *out + sum : sum;
+}
+
+__global__ void bwd_dsink_ssh(BwdParams p, SinkArgs sa) {
+  const std::int64_t n = std::int64_t(p.num_q) * sa.len * p.heads_q;
+  for (std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += std::int64_t(gridDim.x) * blockDim.x) {
+    const int h = int(i % p.heads_q);
+    const std::int64_t j = (i / p.heads_q) % sa.len, q = i / (std::int64_t(p.heads_q) * sa.len);
+    const float g = sink_term(p, sa.sink[q * sa.row + j * sa.s + h * sa.head], q, h);
+    float* out = sa.dsink + q * sa.drow + j * sa.ds + h * sa.dhead;
+    *out = p.accumulate ? *out + g : g;
+  }
+}
+
+using Launcher = cudaError_t (*)(const BwdParams&, int, std::int64_t, cudaStream_t);
+
+Launcher find_launcher(DType t, std::int64_t d) {
+#define MAGI_SM90_CASE(T, D, DT) \
+  if (t == DType::DT && d == D) return &launch_backward<T, D>;
+  MAGI_SM90_BWD_INSTANCES(MAGI_SM90_CASE)
+#undef MAGI_SM90_CASE
+  return nullptr;
+}
+
+}  // namespace
+
+void backward(const Mask& mask, const PreparedMask* prepared, const BwdArgs& a,
+              const Resolved& r, int sm_margin, std::uintptr_t stream_handle) {
+  const Dims& dm = r.dims;
+  const Launcher launch = find_launcher(a.q.dtype, dm.head_dim);
+  MAGI_CHECK(launch != nullptr, "GPU backward: no kernel for q dtype ", dtype_name(a.q.dtype),
+             " and head dim ", dm.head_dim, " (the sm90 backward has head dim 128 only so far; "
+             "forward kernels built: ", MAGI_SM90_FWD_BUILT, ")");
+  MAGI_CHECK(r.softcap == 0, "GPU backward: softcap ", r.softcap, " is not supported yet");
+  MAGI_CHECK(!r.deterministic, "GPU backward: deterministic mode is not supported yet");
+  auto stream = reinterpret_cast<cudaStream_t>(stream_handle);
+  const int device = a.q.device_idx;
+  int current = -1;
+  MAGI_CUDA_CHECK(cudaGetDevice(&current), "cudaGetDevice");
+  if (current != device) MAGI_CUDA_CHECK(cudaSetDevice(device), "cudaSetDevice");
+
+  BwdParams p;
+  p.q = a.q.data, p.k = a.k.data, p.v = a.v.data, p.out = a.out.data, p.dout = a.dout.data;
+  p.lse_in = static_cast<const float*>(a.lse.data);
+  p.dq = a.dq.data, p.dk = a.dk.data, p.dv = a.dv.data;
+  p.q_row = a.q.stride[0], p.q_head = a.q.stride[1];
+  p.k_row = a.k.stride[0], p.k_head = a.k.stride[1];
+  p.v_row = a.v.stride[0], p.v_head = a.v.stride[1];
+  p.o_row = a.out.stride[0], p.o_head = a.out.stride[1];
+  p.do_row = a.dout.stride[0], p.do_head = a.dout.stride[1];
+  p.lse_row = a.lse.stride[0], p.lse_head = a.lse.stride[1];
+  p.dq_row = a.dq.stride[0], p.dq_head = a.dq.stride[1];
+  p.dk_row = a.dk.stride[0], p.dk_head = a.dk.stride[1];
+  p.dv_row = a.dv.stride[0], p.dv_head = a.dv.stride[1];
+  p.dq_type = out_type(a.dq.dtype, "dq");
+  p.dk_type = out_type(a.dk.dtype, "dk");
+  p.dv_type = out_type(a.dv.dtype, "dv");
+  p.num_q = std::int32_t(dm.num_q), p.num_k = std::int32_t(dm.num_k);
+  p.heads_q = std::int32_t(dm.heads_q), p.heads_kv = std::int32_t(dm.heads_kv);
+  p.scale = float(r.scale);
+  p.accumulate = r.accumulate;
+  const auto pairs = [](const TensorView& t) {
+    return t.stride[0] % 2 == 0 && t.stride[1] % 2 == 0 &&
+           reinterpret_cast<std::uintptr_t>(t.data) % (2 * dtype_size(t.dtype)) == 0;
+  };
+  p.dkv_pairs = pairs(a.dk) && pairs(a.dv);
+  const int d = int(dm.head_dim);
+  if (dm.num_q == 0 && dm.num_k == 0) return;
+
+  // The key-tile work list: resident in the prepared mask (built on its first call per
+  // device), or built now and uploaded behind the workspace in the per-call allocation.
+  const BwdWorkspaceLayout ws = bwd_workspace_layout(dm.num_q, dm.heads_q, d);
+  WorkImage img;
+  if (prepared != nullptr) {
+    const DeviceWork& work =
+        device_work(*prepared, device, bwd_block_m(d), bwd_block_n(d), TileAxis::kKey);
+    p.tiles = work.tiles(), p.pieces = work.pieces(), p.num_tiles = work.num_tiles();
+  } else {
+    img = work_image(mask, bwd_block_m(d), bwd_block_n(d), TileAxis::kKey, false);
+    p.num_tiles = img.num_tiles;
+  }
+  const std::size_t image_off = align16(ws.bytes);
+  StreamFree owned{nullptr, stream};
+  MAGI_CUDA_CHECK(cudaMallocAsync(&owned.ptr, image_off + img.bytes.size(), stream),
+                  "workspace allocation");
+  auto* base = static_cast<unsigned char*>(owned.ptr);
+  if (prepared == nullptr) {
+    MAGI_CUDA_CHECK(cudaMemcpyAsync(base + image_off, img.bytes.data(), img.bytes.size(),
+                                    cudaMemcpyHostToDevice, stream),
+                    "work list upload");
+    p.tiles = reinterpret_cast<const Tile*>(base + image_off);
+    p.pieces = reinterpret_cast<const Piece*>(base + image_off + img.pieces_off);
+  }
+  p.counter = reinterpret_cast<std::int32_t*>(base);
+  p.lse2 = reinterpret_cast<float*>(base + ws.lse_off);
+  p.delta = reinterpret_cast<float*>(base + ws.delta_off);
+  p.rows_pad = ws.rows_pad;
+  p.dq_acc = reinterpret_cast<float*>(base + ws.dq_off);
+  MAGI_CUDA_CHECK(cudaMemsetAsync(base, 0, 16, stream), "counter zeroing");
+  MAGI_CUDA_CHECK(cudaMemsetAsync(p.dq_acc, 0, ws.bytes - ws.dq_off, stream),
+                  "dq accumulator zeroing");
+
+  const RowsArgs ra{out_type(a.out.dtype, "out"), out_type(a.dout.dtype, "dout"),
+                    std::int32_t(d)};
+  {
+    const dim3 grid(unsigned((ws.rows_pad + 7) / 8), unsigned(dm.heads_q));
+    bwd_rows<<<grid, 256, 0, stream>>>(p, ra);
+    MAGI_CUDA_CHECK(cudaGetLastError(), "row pass launch");
+  }
+  if (dm.num_k > 0 && dm.num_q > 0) {
+    const int sms = std::max(1, sm_count(device) - sm_margin);
+    MAGI_CUDA_CHECK(launch(p, sms, std::int64_t(p.num_tiles) * dm.heads_kv, stream),
+                    "kernel launch");
+  } else if (dm.num_k > 0 && !r.accumulate) {  // no rows: dk = dv = 0
+    for (const TensorView* t : {&a.dk, &a.dv})
+      MAGI_CHECK(t->is_contiguous(), "GPU backward: ", t == &a.dk ? "dk" : "dv",
+                 " must be contiguous when there are no query rows");
+    MAGI_CUDA_CHECK(cudaMemsetAsync(a.dk.data, 0, std::size_t(a.dk.numel()) * dtype_size(a.dk.dtype), stream), "dk zeroing");
+    MAGI_CUDA_CHECK(cudaMemsetAsync(a.dv.data, 0, std::size_t(a.dv.numel()) * dtype_size(a.dv.dtype), stream), "dv zeroing");
+  }
+  if (dm.num_q > 0) {
+    bwd_dq<<<std::max<unsigned>(1, unsigned(std::min<std::int64_t>(
+                 (dm.num_q * dm.heads_q * d + 255) / 256, 65535))), 256, 0, stream>>>(p, d);
+    MAGI_CUDA_CHECK(cudaGetLastError(), "dq pass launch");
+  }
+  if (a.dsink) {
+    const bool ssh = r.sink_layout == SinkLayout::kSSH;
+    SinkArgs sa;
+    sa.sink = static_cast<const float*>(a.sink->data);
+    sa.dsink = static_cast<float*>(a.dsink->data);
+    sa.len = std::int32_t(dm.sink_len);
+    sa.ssh = ssh;
+    sa.row = ssh ? a.sink->stride[0] : 0;
+    sa.s = a.sink->stride[ssh ? 1 : 0];
+    sa.head = a.sink->stride[ssh ? 2 : 1];
+    sa.drow = ssh ? a.dsink->stride[0] : 0;
+    sa.ds = a.dsink->stride[ssh ? 1 : 0];
+    sa.dhead = a.dsink->stride[ssh ? 2 : 1];
+    if (ssh)
+      bwd_dsink_ssh<<<unsigned(std::min<std::int64_t>(
+                          (dm.num_q * dm.sink_len * dm.heads_q + 255) / 256, 65535)),
+                      256, 0, stream>>>(p, sa);
+    else
+      bwd_dsink_sh<<<dim3(unsigned(dm.sink_len), unsigned(dm.heads_q)), 256, 0, stream>>>(p, sa);
+    MAGI_CUDA_CHECK(cudaGetLastError(), "dsink launch");
+  }
+}
+
+}  // namespace magi::kernels::sm90

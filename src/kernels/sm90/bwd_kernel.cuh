@@ -1,0 +1,486 @@
+// FFA backward on Hopper (sm90a), the main kernel (bwd_params.h has the three launches): one
+// persistent CTA per SM pulls (key tile, kv head) items from a global counter (key tiles heavy
+// first, work_list.h, TileAxis::kKey) and, for every q head of the kv head's group and every
+// query block of 64 rows of each of the tile's pieces, recomputes P and accumulates
+//   dV += P^T dO,  dK += dS^T Q,  dQ += dS K  (dS = P * (dP - Delta), dP = dO V^T),
+// FlashAttention-3's order (one CTA per key block iterating over query blocks). dK and dV stay
+// in registers for the whole item and are written once by their owner (no races, also for
+// GQA: the group's q heads run inside the item); dQ goes into a fp32 accumulator with atomics.
+//
+// Per CTA, warp specialisation as in the forward (fwd_kernel.cuh):
+// - warpgroup 0 gives registers away; its first warp is the producer: it takes the next item,
+//   hands it to the consumers, loads the tile's K and V once (TMA), then walks the query
+//   blocks, loading Q and dO (TMA) and lse / Delta (the lanes, from the workspace rows) into a
+//   2-stage ring, with what the consumers need to know of each block (BwdBlockInfo);
+// - two consumer warpgroups own 64 keys each of the 128-key tile: per block, S^T = K Q^T and
+//   dP^T = V dO^T (keys in rows: P^T and dS^T are then the A operands of the dV and dK
+//   products straight from registers), and each computes half of D of dQ = dS K from dS
+//   staged in shared memory by both.
+// Correctness first: no intra-warpgroup overlap of softmax and products, no ping-pong between
+// the warpgroups yet (the forward's schedule is the model for both).
+//
+// Masking: a block whose corners the piece does not cover gets P = dS = 0 on the cells it does
+// not see (set, not multiplied: a NaN in K or V there must not leak). NOT YET: the forward's
+// NaN/inf rule for rows of Q and dO inside a block but outside its piece (a NaN there reaches
+// dK / dV through the 0 of dS / P; docs/numerics.md), softcap, deterministic mode.
+#pragma once
+
+#include "tma_encode.h"  // first: before CUTLASS sees the driver call
+
+#include <cuda_runtime.h>
+
+#include <cute/tensor.hpp>
+#include <cute/atom/copy_traits_sm90_tma.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/numeric_types.h>
+
+#include "bwd_params.h"
+#include "fwd_device.cuh"
+
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ < 900 || !defined(__CUDA_ARCH_FEAT_SM90_ALL))
+#error "the sm90 backward needs the sm_90a target (wgmma): build with CUDA_ARCHITECTURES 90a"
+#endif
+
+namespace magi::kernels::sm90 {
+
+namespace detail {
+
+// One query block as the producer hands it to the consumers, beside its Q / dO stage.
+struct BwdBlockInfo {
+  Piece pc;
+  int qb;    // first query row of the block
+  int head;  // q head
+  int last;  // the item's last block
+};
+
+}  // namespace detail
+
+template <class T, int kD>
+struct BwdConfig {
+  static_assert(kD == 128, "the sm90 backward is written for D 128 so far (registers, tiles)");
+  static constexpr int kBlockM = bwd_block_m(kD);  // query rows per block
+  static constexpr int kBlockN = bwd_block_n(kD);  // keys per tile, 64 per consumer warpgroup
+  static constexpr int kWarpgroups = 2;
+  static constexpr int kConsumerThreads = 128 * kWarpgroups;
+  static constexpr int kThreads = 128 + kConsumerThreads;
+  static constexpr int kStages = 2;  // the Q / dO ring
+  // dK, dV (64 keys x D fp32: 128 registers), S^T and dP^T (32 each), P^T and dS^T in bf16;
+  // the producer keeps 40 (its walk spilled heavily at 24).
+  static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+  static_assert(kProducerRegs * 128 + kConsumerRegs * kConsumerThreads <=
+                65536 / kThreads / 8 * 8 * kThreads);
+  using BM = cute::Int<kBlockM>;
+  using BN = cute::Int<kBlockN>;
+  using BW = cute::Int<kBlockN / kWarpgroups>;  // keys per consumer warpgroup
+  using HD = cute::Int<kD>;
+  using HD2 = cute::Int<kD / kWarpgroups>;      // dQ columns per consumer warpgroup
+  using AtomK = cute::GMMA::Layout_K_SW128_Atom<T>;
+  using AtomMN = cute::GMMA::Layout_MN_SW128_Atom<T>;
+  // K and V tiles (keys, D) and the Q / dO ring (rows, D, stage), rows of D as TMA loads them.
+  using LayoutKV = decltype(cute::tile_to_shape(AtomK{}, cute::Shape<BN, HD>{}));
+  using LayoutQ = decltype(cute::tile_to_shape(AtomK{}, cute::Shape<BM, HD, cute::Int<kStages>>{}));
+  // Transposed views (D, rows): the MN-major B operands of dV += P^T dO, dK += dS^T Q (Q, dO)
+  // and dQ = dS K (K).
+  using LayoutQt = decltype(cute::composition(
+      LayoutQ{}, cute::make_ordered_layout(cute::Shape<HD, BM, cute::Int<kStages>>{},
+                                           cute::Step<cute::_2, cute::_1, cute::_3>{})));
+  using LayoutKt = decltype(cute::composition(
+      LayoutKV{}, cute::make_ordered_layout(cute::Shape<HD, BN>{}, cute::Step<cute::_2, cute::_1>{})));
+  // dS as the A operand of dQ = dS K: (rows, keys), rows contiguous (MN-major), so that the
+  // warpgroups write the pairs of their dS^T fragments as 4-byte stores.
+  using LayoutDS = decltype(cute::tile_to_shape(AtomMN{}, cute::Shape<BM, BN>{}));
+  using OneWG = cute::Layout<cute::Shape<cute::_1, cute::_1, cute::_1>>;
+  // S^T = K Q^T and dP^T = V dO^T: (64 keys, 64 rows, D), both operands K-major in smem.
+  using MmaSdP = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<T, T, float, cute::Shape<BW, BM, HD>>(), OneWG{}));
+  // dV += P^T dO and dK += dS^T Q: (64 keys, D, 64 rows), A in registers (the S^T
+  // accumulator of 16 columns is the A fragment of one k-step, as P in the forward).
+  using MmaKV = decltype(cute::make_tiled_mma(
+      cute::GMMA::rs_op_selector<T, T, float, cute::Shape<BW, HD, BM>, cute::GMMA::Major::K,
+                                 cute::GMMA::Major::MN>(),
+      OneWG{}));
+  // dQ (this warpgroup's half of D) = dS K: (64 rows, D / 2, 128 keys), both MN-major.
+  using MmaDQ = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<T, T, float, cute::Shape<BM, HD2, BN>, cute::GMMA::Major::MN,
+                                 cute::GMMA::Major::MN>(),
+      OneWG{}));
+
+  // The TMA copy types of Q tiles and K/V blocks (detail::tma_rows builds them per call).
+  template <class Smem>
+  using TmaOf =
+      decltype(detail::tma_rows<T, kD>(static_cast<const T*>(nullptr), 0, 0, 0, 0, Smem{}));
+  using TmaQ = TmaOf<decltype(cute::take<0, 2>(LayoutQ{}))>;
+  using TmaKV = TmaOf<LayoutKV>;
+
+  struct Smem {
+    alignas(1024) T k[cute::cosize_v<LayoutKV>];
+    alignas(1024) T v[cute::cosize_v<LayoutKV>];
+    alignas(1024) T q[cute::cosize_v<LayoutQ>];
+    alignas(1024) T dout[cute::cosize_v<LayoutQ>];
+    alignas(1024) T ds[cute::cosize_v<LayoutDS>];
+    float lse2[kStages][kBlockM], delta[kStages][kBlockM];
+    detail::BwdBlockInfo info[kStages];
+    alignas(8) cute::uint64_t kv_full, kv_empty;
+    cute::uint64_t q_full[kStages], q_empty[kStages];
+    cute::uint64_t item_full[2], item_empty[2];
+    std::int64_t item[2];
+  };
+  static constexpr int kSmemBytes = int(sizeof(Smem)) + 1024;
+};
+
+template <class T, int kD>
+struct BwdKernelParams {
+  BwdParams p;
+  typename BwdConfig<T, kD>::TmaQ tma_q;
+  typename BwdConfig<T, kD>::TmaQ tma_do;
+  typename BwdConfig<T, kD>::TmaKV tma_k;
+  typename BwdConfig<T, kD>::TmaKV tma_v;
+};
+
+template <class T, int kD>
+__global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
+    ffa_bwd_kernel(const __grid_constant__ BwdKernelParams<T, kD> kp) {
+  using namespace cute;
+  using C = BwdConfig<T, kD>;
+  using Barrier = cutlass::arch::ClusterBarrier;
+  using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
+  constexpr int kBM = C::kBlockM, kBW = C::kBlockN / C::kWarpgroups;
+  const BwdParams& p = kp.p;
+
+  extern __shared__ char smem_raw[];
+  const unsigned misalign = unsigned(__cvta_generic_to_shared(smem_raw)) & 1023u;
+  auto& s = *reinterpret_cast<typename C::Smem*>(smem_raw + ((1024u - misalign) & 1023u));
+  Tensor sK = make_tensor(make_smem_ptr(s.k), typename C::LayoutKV{});
+  Tensor sV = make_tensor(make_smem_ptr(s.v), typename C::LayoutKV{});
+  Tensor sQ = make_tensor(make_smem_ptr(s.q), typename C::LayoutQ{});
+  Tensor sQt = make_tensor(make_smem_ptr(s.q), typename C::LayoutQt{});
+  Tensor sdO = make_tensor(make_smem_ptr(s.dout), typename C::LayoutQ{});
+  Tensor sdOt = make_tensor(make_smem_ptr(s.dout), typename C::LayoutQt{});
+  Tensor sdS = make_tensor(make_smem_ptr(s.ds), typename C::LayoutDS{});
+
+  const int tid = int(threadIdx.x);
+  const int warpgroup = tid / 128;
+  const std::int64_t num_items = std::int64_t(p.num_tiles) * p.heads_kv;
+  const int group = p.heads_q / p.heads_kv;
+
+  if (tid == 0) {
+    TxBarrier::init(&s.kv_full, 1);
+    Barrier::init(&s.kv_empty, C::kWarpgroups);
+    for (int i = 0; i < C::kStages; ++i) {
+      TxBarrier::init(&s.q_full[i], 1);
+      Barrier::init(&s.q_empty[i], C::kWarpgroups);
+    }
+    for (int i = 0; i < 2; ++i) {
+      Barrier::init(&s.item_full[i], 1);
+      Barrier::init(&s.item_empty[i], C::kConsumerThreads);
+    }
+    cutlass::arch::fence_barrier_init();
+  }
+  __syncthreads();
+  detail::wait_for_prerequisites();  // the row pass (bwd_params.h) launched just before
+
+  if (warpgroup == 0) {
+    // ---------------------------------------------------------------- producer
+    cutlass::arch::warpgroup_reg_dealloc<C::kProducerRegs>();
+    if (tid >= 32) return;
+    const int lane = tid;
+    if (lane == 0) {
+      prefetch_tma_descriptor(kp.tma_q.get_tma_descriptor());
+      prefetch_tma_descriptor(kp.tma_do.get_tma_descriptor());
+      prefetch_tma_descriptor(kp.tma_k.get_tma_descriptor());
+      prefetch_tma_descriptor(kp.tma_v.get_tma_descriptor());
+    }
+    Tensor mQ = kp.tma_q.get_tma_tensor(make_shape(p.num_q, kD, p.heads_q));
+    Tensor mdO = kp.tma_do.get_tma_tensor(make_shape(p.num_q, kD, p.heads_q));
+    Tensor mK = kp.tma_k.get_tma_tensor(make_shape(p.num_k, kD, p.heads_kv));
+    Tensor mV = kp.tma_v.get_tma_tensor(make_shape(p.num_k, kD, p.heads_kv));
+    auto tma_load = [&](const auto& tma, const auto& m, int row0, int head, auto dst,
+                        cute::uint64_t& full) {
+      copy(tma.with(full),
+           tma.get_slice(0).partition_S(local_tile(domain_offset(make_coord(row0, 0), m(_, _, head)),
+                                                   product_each(shape(dst)), make_coord(0, 0))),
+           tma.get_slice(0).partition_D(dst));
+    };
+    constexpr unsigned kKVBytes = unsigned(cosize_v<typename C::LayoutKV> * sizeof(T));
+    constexpr unsigned kQBytes = unsigned(kBM * kD * sizeof(T));
+    int blk = 0, kv_uses = 0;
+    for (int n = 0;; ++n) {
+      std::int64_t item = 0;
+      if (lane == 0) item = atomicAdd(p.counter, 1);
+      item = __shfl_sync(0xffffffff, item, 0);
+      const detail::Ring slot = detail::ring<2>(n);
+      if (lane == 0) {
+        Barrier::wait(&s.item_empty[slot.stage], slot.phase ^ 1);
+        s.item[slot.stage] = item;
+        Barrier::arrive(&s.item_full[slot.stage]);
+      }
+      if (item >= num_items) break;
+      const Tile tile = p.tiles[item / p.heads_kv];
+      const int g = int(item % p.heads_kv);
+      if (tile.piece_begin == tile.piece_end) continue;  // the consumers write zeros
+      if (lane == 0) {
+        Barrier::wait(&s.kv_empty, (kv_uses & 1) ^ 1);
+        TxBarrier::arrive_and_expect_tx(&s.kv_full, 2 * kKVBytes);
+        tma_load(kp.tma_k, mK, tile.start, g, sK, s.kv_full);
+        tma_load(kp.tma_v, mV, tile.start, g, sV, s.kv_full);
+      }
+      ++kv_uses;
+      for (int hh = 0; hh < group; ++hh) {
+        const int h = g * group + hh;
+        for (int pi = tile.piece_begin; pi < tile.piece_end; ++pi) {
+          const Piece pc = p.pieces[pi];
+          for (int qb = pc.q0; qb < pc.q1; qb += kBM) {
+            const detail::Ring r = detail::ring<C::kStages>(blk++);
+            if (lane == 0) Barrier::wait(&s.q_empty[r.stage], r.phase ^ 1);
+            __syncwarp();
+            // lse (log2 units) and Delta of the block's rows (the workspace rows are padded
+            // past the last block: lse +inf, Delta 0).
+            const float* l2 = p.lse2 + std::int64_t(h) * p.rows_pad + qb;
+            const float* dl = p.delta + std::int64_t(h) * p.rows_pad + qb;
+            s.lse2[r.stage][lane] = l2[lane];
+            s.lse2[r.stage][lane + 32] = l2[lane + 32];
+            s.delta[r.stage][lane] = dl[lane];
+            s.delta[r.stage][lane + 32] = dl[lane + 32];
+            if (lane == 0) {
+              const bool last = hh == group - 1 && pi == tile.piece_end - 1 && qb + kBM >= pc.q1;
+              s.info[r.stage] = detail::BwdBlockInfo{pc, qb, h, last ? 1 : 0};
+            }
+            __syncwarp();  // the lanes' writes before lane 0's arrive (release)
+            if (lane == 0) {
+              TxBarrier::arrive_and_expect_tx(&s.q_full[r.stage], 2 * kQBytes);
+              tma_load(kp.tma_q, mQ, qb, h, sQ(_, _, r.stage), s.q_full[r.stage]);
+              tma_load(kp.tma_do, mdO, qb, h, sdO(_, _, r.stage), s.q_full[r.stage]);
+            }
+          }
+        }
+      }
+    }
+    return;
+  }
+
+  // ------------------------------------------------------------------ consumers
+  cutlass::arch::warpgroup_reg_alloc<C::kConsumerRegs>();
+  const int ctid = tid - 128;  // 0 .. 255 over the consumers
+  const int wg = ctid / 128;   // which 64 keys of the tile; which half of D of dQ
+  const int wtid = ctid % 128;
+  const bool leader = wtid == 0;
+  typename C::MmaSdP mma_sdp;
+  typename C::MmaKV mma_kv;
+  typename C::MmaDQ mma_dq;
+  auto thr_sdp = mma_sdp.get_thread_slice(wtid);
+  auto thr_kv = mma_kv.get_thread_slice(wtid);
+  auto thr_dq = mma_dq.get_thread_slice(wtid);
+  // The wgmma descriptors are rebuilt from an opaque shared-memory base at each use (as in the
+  // forward): held across the loop, 8 per operand, they do not fit beside dK, dV, S and dP.
+  auto opaque = [](T* ptr) CUTLASS_LAMBDA_FUNC_INLINE {
+    asm volatile("" : "+l"(ptr));
+    return make_smem_ptr(ptr);
+  };
+  // This warpgroup's keys of K or V (A of S^T and dP^T).
+  auto keys_of = [&](T* base) CUTLASS_LAMBDA_FUNC_INLINE {
+    return local_tile(make_tensor(opaque(base), typename C::LayoutKV{}),
+                      Shape<typename C::BW, typename C::HD>{}, make_coord(wg, 0));
+  };
+  Tensor tSrS = partition_fragment_C(mma_sdp, Shape<typename C::BW, typename C::BM>{});
+  Tensor tdPrdP = partition_fragment_C(mma_sdp, Shape<typename C::BW, typename C::BM>{});
+  Tensor tdVrdV = partition_fragment_C(mma_kv, Shape<typename C::BW, typename C::HD>{});
+  Tensor tdKrdK = partition_fragment_C(mma_kv, Shape<typename C::BW, typename C::HD>{});
+  Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<typename C::BM, typename C::HD2>{});
+  // P^T and dS^T as A operands: per k-step of 16 rows, (column pair, key + 8, column + 8),
+  // the S^T accumulator's own order.
+  Tensor tPrP = make_tensor<T>(Layout<Shape<Shape<_2, _2, _2>, _1, Int<kBM / 16>>>{});
+  Tensor tdSrdS = make_tensor<T>(Layout<Shape<Shape<_2, _2, _2>, _1, Int<kBM / 16>>>{});
+  static_assert(decltype(size(tPrP))::value == decltype(size(tSrS))::value);
+  // (key, row) of each S^T element; (key, d) of dK / dV; (row, d) of dQ.
+  Tensor cS = detail::as_rowcol(
+      thr_sdp.partition_C(make_identity_tensor(Shape<typename C::BW, typename C::BM>{})));
+  Tensor cKV = detail::as_rowcol(
+      thr_kv.partition_C(make_identity_tensor(Shape<typename C::BW, typename C::HD>{})));
+  Tensor cQ = detail::as_rowcol(
+      thr_dq.partition_C(make_identity_tensor(Shape<typename C::BM, typename C::HD2>{})));
+  Tensor S = detail::as_rowcol(tSrS);
+  Tensor dP = detail::as_rowcol(tdPrdP);
+  Tensor dK = detail::as_rowcol(tdKrdK);
+  Tensor dV = detail::as_rowcol(tdVrdV);
+  Tensor dQ = detail::as_rowcol(tdQrdQ);
+  constexpr int kRows = decltype(size<0>(S))::value;  // keys of this thread
+  constexpr int kCols = decltype(size<1>(S))::value;  // query rows of this thread
+  const float su = p.scale * detail::kLog2e;
+  constexpr int kPair = C::kConsumerThreads;
+  constexpr int kBarDsFree = 1, kBarDsFull = 2;
+
+  int blk = 0, kv_uses = 0;
+  for (int n = 0;; ++n) {
+    const detail::Ring slot = detail::ring<2>(n);
+    Barrier::wait(&s.item_full[slot.stage], slot.phase);
+    const std::int64_t item = s.item[slot.stage];
+    Barrier::arrive(&s.item_empty[slot.stage]);
+    if (item >= num_items) break;
+    const Tile tile = p.tiles[item / p.heads_kv];
+    const int g = int(item % p.heads_kv);
+    const int kw = tile.start + kBW * wg;  // this warpgroup's first key
+    clear(tdKrdK);
+    clear(tdVrdV);
+    if (tile.piece_begin < tile.piece_end) {
+      TxBarrier::wait(&s.kv_full, kv_uses & 1);
+      ++kv_uses;
+      for (;;) {
+        const detail::Ring r = detail::ring<C::kStages>(blk++);
+        TxBarrier::wait(&s.q_full[r.stage], r.phase);
+        const detail::BwdBlockInfo bi = s.info[r.stage];
+        const Piece& pc = bi.pc;
+        const bool full = detail::covers(pc, bi.qb, kBM, kw, kBW);
+        auto visible = [&](int i, int j) CUTLASS_LAMBDA_FUNC_INLINE {
+          const int k = kw + get<0>(cS(i, j)), q = bi.qb + get<1>(cS(i, j));
+          return q >= pc.q0 && q < pc.q1 && k >= pc.k0 && k < pc.k1 && k - q >= pc.lo &&
+                 k - q <= pc.hi;
+        };
+        {
+          Tensor tSrK = thr_sdp.partition_fragment_A(keys_of(s.k));
+          detail::wg_gemm_issue(mma_sdp, tSrK, thr_sdp.partition_fragment_B(sQ(_, _, r.stage)),
+                                tSrS, true);
+          Tensor tdPrV = thr_sdp.partition_fragment_A(keys_of(s.v));
+          detail::wg_gemm_issue(mma_sdp, tdPrV, thr_sdp.partition_fragment_B(sdO(_, _, r.stage)),
+                                tdPrdP, true);
+        }
+        warpgroup_wait<1>();  // S^T
+        warpgroup_fence_operand(tSrS);
+        // P^T = exp(scale * s - lse), 0 where the piece does not see the cell.
+        CUTE_UNROLL
+        for (int i = 0; i < kRows; ++i) {
+          CUTE_UNROLL
+          for (int j = 0; j < kCols; ++j) {
+            const float l2 = s.lse2[r.stage][get<1>(cS(i, j))];
+            const float pv = detail::exp2_approx(fmaf(S(i, j), su, -l2));
+            S(i, j) = full || visible(i, j) ? pv : 0.f;
+          }
+        }
+        CUTE_UNROLL
+        for (int e = 0; e < size(tSrS); ++e) tPrP(e) = T(tSrS(e));
+        detail::wg_gemm_issue<true>(mma_kv, tPrP, thr_kv.partition_fragment_B(sdOt(_, _, r.stage)),
+                                    tdVrdV, false);
+        warpgroup_wait<1>();  // dP^T (dV += P^T dO may still run)
+        warpgroup_fence_operand(tdPrdP);
+        // dS^T = P^T (dP^T - Delta) in bf16 / fp16 (the A operand's element e is the
+        // accumulator's element e), 0 where the piece does not see the cell.
+        Tensor dS = make_tensor(tdSrdS.data(), detail::rowcol(tdPrdP.layout()));
+        CUTE_UNROLL
+        for (int i = 0; i < kRows; ++i) {
+          CUTE_UNROLL
+          for (int j = 0; j < kCols; ++j) {
+            const float dl = s.delta[r.stage][get<1>(cS(i, j))];
+            const float ds = S(i, j) * (dP(i, j) - dl);
+            dS(i, j) = T(full || visible(i, j) ? ds : 0.f);
+          }
+        }
+        detail::wg_gemm_issue<true>(mma_kv, tdSrdS, thr_kv.partition_fragment_B(sQt(_, _, r.stage)),
+                                    tdKrdK, false);
+        // dV and dK complete before dQ: P^T and dS^T in registers (32) beside the dQ
+        // accumulator (32) and its operands' descriptors do not fit in 232 registers.
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tdVrdV);
+        warpgroup_fence_operand(tdKrdK);
+        // dS^T into shared memory as dS (rows, keys), once both warpgroups' dQ products of
+        // the previous block have completed.
+        detail::named_sync(kBarDsFree, kPair);
+        CUTE_UNROLL
+        for (int i = 0; i < kRows; ++i) {
+          CUTE_UNROLL
+          for (int j = 0; j < kCols; ++j)
+            sdS(get<1>(cS(i, j)), kBW * wg + get<0>(cS(i, j))) = dS(i, j);
+        }
+        cutlass::arch::fence_view_async_shared();  // generic writes before the wgmma reads
+        detail::named_sync(kBarDsFull, kPair);
+        {
+          Tensor tdQrdS = thr_dq.partition_fragment_A(make_tensor(opaque(s.ds), typename C::LayoutDS{}));
+          Tensor tdQrK = thr_dq.partition_fragment_B(
+              local_tile(make_tensor(opaque(s.k), typename C::LayoutKt{}),
+                         Shape<typename C::HD2, typename C::BN>{}, make_coord(wg, 0)));
+          detail::wg_gemm_issue(mma_dq, tdQrdS, tdQrK, tdQrdQ, true);
+        }
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tdVrdV);
+        warpgroup_fence_operand(tdKrdK);
+        warpgroup_fence_operand(tdQrdQ);
+        if (leader) Barrier::arrive(&s.q_empty[r.stage]);
+        // dQ (unscaled) into the accumulator: rows of the piece only (the others add 0), in
+        // 16-byte reductions. A thread holds columns (c, c + 1) of rows r and r + 8 per group
+        // of 8 columns, its quad neighbour (lane ^ 1) columns (c + 2, c + 3) or (c - 2, c - 1):
+        // the two swap one pair, the even lane then holds four columns of row r, the odd one
+        // four of row r + 8.
+        static_assert(decltype(size<0>(dQ))::value == 2, "rows r and r + 8 per thread");
+        float* acc = p.dq_acc + std::int64_t(bi.head) * kD + (kD / C::kWarpgroups) * wg;
+        const int odd = wtid & 1;
+        const int q = bi.qb + get<0>(cQ(odd, 0));
+        float* row = acc + std::int64_t(q) * p.heads_q * kD;
+        const bool live = q >= pc.q0 && q < pc.q1;
+        CUTE_UNROLL
+        for (int j = 0; j < decltype(size<1>(dQ))::value; j += 2) {
+          const float x0 = __shfl_xor_sync(0xffffffffu, odd ? dQ(0, j) : dQ(1, j), 1);
+          const float x1 = __shfl_xor_sync(0xffffffffu, odd ? dQ(0, j + 1) : dQ(1, j + 1), 1);
+          const float4 v = odd ? make_float4(x0, x1, dQ(1, j), dQ(1, j + 1))
+                               : make_float4(dQ(0, j), dQ(0, j + 1), x0, x1);
+          if (live)
+            atomicAdd(reinterpret_cast<float4*>(row + get<1>(cQ(0, j)) - 2 * odd), v);
+        }
+        if (bi.last) break;
+      }
+      if (leader) Barrier::arrive(&s.kv_empty);
+    }
+    // Epilogue: dK = scale * sum dS^T Q, dV = sum P^T dO, rows of this warpgroup's keys; the
+    // output kind chosen once (a switch beside every store spilled the accumulators).
+    auto put = [&](auto& acc, void* out, std::int64_t row_stride, std::int64_t head_stride,
+                   OutType type, float mul) CUTLASS_LAMBDA_FUNC_INLINE {
+      // st(index of column jj, of column jj + 1, their values), jj even.
+      auto each = [&](auto&& st) CUTLASS_LAMBDA_FUNC_INLINE {
+        CUTE_UNROLL
+        for (int i = 0; i < decltype(size<0>(acc))::value; ++i) {
+          const int k = kw + get<0>(cKV(i, 0));
+          if (k >= p.num_k) continue;
+          const std::int64_t base = std::int64_t(k) * row_stride + std::int64_t(g) * head_stride;
+          CUTE_UNROLL
+          for (int j = 0; j < decltype(size<1>(acc))::value; j += 2)
+            st(base + get<1>(cKV(i, j)), base + get<1>(cKV(i, j + 1)), acc(i, j) * mul,
+               acc(i, j + 1) * mul);
+        }
+      };
+      using I64 = std::int64_t;
+      if (p.accumulate) {  // fp32 (attention.cc checks it)
+        float* o = static_cast<float*>(out);
+        each([&](I64 a, I64 b, float x0, float x1) CUTLASS_LAMBDA_FUNC_INLINE {
+          o[a] += x0;
+          o[b] += x1;
+        });
+      } else if (!p.dkv_pairs) {
+        each([&](I64 a, I64 b, float x0, float x1) CUTLASS_LAMBDA_FUNC_INLINE {
+          detail::store(out, a, type, x0);
+          detail::store(out, b, type, x1);
+        });
+      } else if (type == OutType::kBF16) {
+        each([&](I64 a, I64, float x0, float x1) CUTLASS_LAMBDA_FUNC_INLINE {
+          detail::store2<OutType::kBF16>(out, a, x0, x1);
+        });
+      } else if (type == OutType::kF16) {
+        each([&](I64 a, I64, float x0, float x1) CUTLASS_LAMBDA_FUNC_INLINE {
+          detail::store2<OutType::kF16>(out, a, x0, x1);
+        });
+      } else {
+        each([&](I64 a, I64, float x0, float x1) CUTLASS_LAMBDA_FUNC_INLINE {
+          detail::store2<OutType::kF32>(out, a, x0, x1);
+        });
+      }
+    };
+    put(dK, p.dk, p.dk_row, p.dk_head, p.dk_type, p.scale);
+    put(dV, p.dv, p.dv_row, p.dv_head, p.dv_type, 1.f);
+  }
+}
+
+// Builds the TMA descriptors and launches the kernel on as many persistent CTAs as fit;
+// defined per instantiation (bwd_inst.cu.in).
+template <class T, int kD>
+cudaError_t launch_backward(const BwdParams& p, int sms, std::int64_t max_ctas,
+                            cudaStream_t stream);
+
+}  // namespace magi::kernels::sm90

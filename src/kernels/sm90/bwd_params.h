@@ -1,0 +1,73 @@
+// Plain parameters of the sm90 backward (host and device see the same struct). Strides are in
+// elements; every tensor's last dim is unit-stride (attention.cc checks it).
+//
+// The backward runs in three launches on the caller's stream (backward.cu):
+// 1. bwd_rows: per (query row, q head) Delta = rowsum(out * dout) and lse in log2 units, into
+//    head-major fp32 rows of the workspace; zeroes the fp32 dq accumulator.
+// 2. the main kernel (bwd_kernel.cuh): one CTA per (key tile, kv head) item, over every q head
+//    of the group and every query block of the tile's pieces; dK, dV in registers, written
+//    once by their owner; dQ added into the fp32 accumulator with atomics.
+// 3. bwd_dq: dq = scale * accumulator (+ the given dq under accumulate), in dq's dtype; and
+//    dsink.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "fwd_params.h"  // OutType, Tile, Piece
+#include "work_list.h"
+
+namespace magi::kernels::sm90 {
+
+// Tile of the backward: 128 keys per CTA (64 per consumer warpgroup), query blocks of 64 rows.
+constexpr int bwd_block_n(int) { return 128; }
+constexpr int bwd_block_m(int) { return 64; }
+
+// The per-call workspace, 16-byte aligned pieces: the scheduler's counter, lse (log2 units)
+// and Delta as [Hq][rows_pad] fp32 (rows padded by a whole query block past the last one, as
+// blocks start at any row; the padding lse +inf so that P = 0 there), then the fp32 dq accumulator [Nq][Hq][D].
+struct BwdWorkspaceLayout {
+  std::size_t lse_off = 16, delta_off = 0, dq_off = 0, bytes = 0;
+  std::int64_t rows_pad = 0;
+};
+constexpr BwdWorkspaceLayout bwd_workspace_layout(std::int64_t num_q, std::int64_t heads_q,
+                                                  std::int64_t head_dim) {
+  BwdWorkspaceLayout l;
+  l.rows_pad = (num_q + 63) / 64 * 64 + 64;  // a block may start at any row
+  const std::size_t rows = std::size_t(l.rows_pad) * std::size_t(heads_q) * 4;
+  l.delta_off = l.lse_off + (rows + 15) / 16 * 16;
+  l.dq_off = l.delta_off + (rows + 15) / 16 * 16;
+  l.bytes = l.dq_off + std::size_t(num_q) * std::size_t(heads_q) * std::size_t(head_dim) * 4;
+  return l;
+}
+
+struct BwdParams {
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  const void* out = nullptr;
+  const void* dout = nullptr;
+  const float* lse_in = nullptr;  // the forward's lse [Nq][Hq] (strided)
+  void* dq = nullptr;
+  void* dk = nullptr;
+  void* dv = nullptr;
+  std::int64_t q_row, q_head, k_row, k_head, v_row, v_head, o_row, o_head, do_row, do_head;
+  std::int64_t lse_row, lse_head, dq_row, dq_head, dk_row, dk_head, dv_row, dv_head;
+  OutType dq_type = OutType::kBF16, dk_type = OutType::kBF16, dv_type = OutType::kBF16;
+  std::int32_t num_q = 0, num_k = 0, heads_q = 0, heads_kv = 0;
+  float scale = 0;          // softmax scale
+  bool accumulate = false;  // dq, dk, dv (fp32) hold partial gradients to add to
+  bool dkv_pairs = false;   // dk's and dv's strides and pointers let two adjacent columns go as one store
+  // Work list (key tiles, TileAxis::kKey) on the device and the scheduler's counter.
+  const Tile* tiles = nullptr;
+  const Piece* pieces = nullptr;
+  std::int32_t num_tiles = 0;
+  std::int32_t* counter = nullptr;
+  // Workspace rows: lse * log2(e) and Delta, [Hq][rows_pad]; the fp32 dq accumulator.
+  float* lse2 = nullptr;
+  float* delta = nullptr;
+  std::int64_t rows_pad = 0;
+  float* dq_acc = nullptr;  // [Nq][Hq][D], contiguous
+};
+
+}  // namespace magi::kernels::sm90

@@ -1,0 +1,172 @@
+// The sm90 backward (work in progress, src/kernels/sm90/bwd_kernel.cuh) against the fp64 oracle.
+// Each case runs the GPU forward, then the GPU backward on its out (bf16 / fp16) and lse, and
+// compares dq, dk, dv (and dsink) with oracle::backward on the same rounded inputs, each at the
+// scale of the largest gradient. PROVISIONAL bound: 3 * 2^-8 (bf16) or 3 * 2^-11 (fp16) of that
+// scale, until a same-precision naive backward (P and dS rounded as the kernel rounds them)
+// gives the 2x-naive rule of docs/semantics.md §5. Unwritten outputs stay NaN and fail.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "attn_case.h"
+#include "magi/attention.h"
+#include "magi/mask_builders.h"
+#include "sm90_support.h"
+
+namespace magi {
+namespace {
+
+using namespace gputest;
+
+struct BwdGot {
+  std::vector<double> dq, dk, dv, dsink;
+};
+
+BwdGot run_backward(const Mask& mask, const Problem& p, const Case& c, bool accumulate = false,
+                    double seed_value = 0.0) {
+  GpuCall fwd(p, c);
+  attn_forward(mask, fwd.args(), c.opts);
+  sync("forward");
+  const DType grad = accumulate ? DType::kF32 : c.in;
+  DevTensor dout(c.in, {p.num_q, p.heads_q, p.head_dim});
+  dout.upload(p.dout);
+  DevTensor dq(grad, {p.num_q, p.heads_q, p.head_dim});
+  DevTensor dk(grad, {p.num_k, p.heads_kv, p.head_dim});
+  DevTensor dv(grad, {p.num_k, p.heads_kv, p.head_dim});
+  std::optional<DevTensor> dsink;
+  if (accumulate)
+    for (DevTensor* t : {&dq, &dk, &dv})
+      t->upload(std::vector<double>(std::size_t(numel_of(t->shape)), seed_value));
+  BwdArgs a{dout.view, fwd.q.view, fwd.k.view, fwd.v.view, fwd.out.view, fwd.lse.view,
+            dq.view,   dk.view,    dv.view,    std::nullopt, std::nullopt};
+  if (fwd.sink) {
+    a.sink = fwd.sink->view;
+    dsink.emplace(DType::kF32, sink_shape(p));
+    if (accumulate) dsink->upload(std::vector<double>(std::size_t(numel_of(dsink->shape)), seed_value));
+    a.dsink = dsink->view;
+  }
+  AttnOptions opts = c.opts;
+  opts.accumulate = accumulate;
+  attn_backward(mask, a, opts);
+  sync("backward");
+  BwdGot got{dq.download(), dk.download(), dv.download(), {}};
+  if (dsink) got.dsink = dsink->download();
+  return got;
+}
+
+double bound(DType t) { return 3.0 * (t == DType::kBF16 ? 0x1p-8 : 0x1p-11); }
+
+// One GPU backward of `mask` against the oracle; false when the variant is not built.
+bool check_backward(const Mask& mask, const Case& c, std::uint64_t seed = 1,
+                    const std::string& note = "") {
+  if (!built(c.in, c.d)) return false;
+  const Problem p = make_problem(mask, c, seed);
+  const oracle::BwdResult want = oracle::backward(mask, p);
+  const BwdGot got = run_backward(mask, p, c);
+  const double scale = testing::grad_scale(want);
+  const std::string what = describe(c, mask) + (note.empty() ? "" : " (" + note + ")");
+  const double tol = bound(c.in);
+  EXPECT_LE(testing::err_at_scale(got.dq, want.dq, scale), tol) << "dq: " << what;
+  EXPECT_LE(testing::err_at_scale(got.dk, want.dk, scale), tol) << "dk: " << what;
+  EXPECT_LE(testing::err_at_scale(got.dv, want.dv, scale), tol) << "dv: " << what;
+  if (!want.dsink.empty()) {
+    EXPECT_LE(testing::err_at_scale(got.dsink, want.dsink, testing::max_abs(want.dsink)), tol)
+        << "dsink: " << what;
+  }
+  return true;
+}
+
+TEST(Sm90Backward, DenseMasksWithLengthsNotMultipleOfTheTiles) {
+  REQUIRE_GPU();
+  for (auto [sq, sk] : {std::pair<std::int64_t, std::int64_t>{300, 300},
+                        {77, 300},
+                        {300, 77},
+                        {129, 257},
+                        {1, 1}}) {
+    check_backward(masks::full(sq, sk), Case{});
+    check_backward(masks::causal(sq, sk), Case{}, 2, "causal");
+  }
+  Case fp16;
+  fp16.in = fp16.out = DType::kF16;
+  check_backward(masks::causal(1000, 1000), fp16, 3, "fp16");
+}
+
+TEST(Sm90Backward, DocumentsWindowsAndOverlappingSlices) {
+  REQUIRE_GPU();
+  std::mt19937_64 rng(7);
+  std::vector<std::int64_t> lens;
+  for (int i = 0; i < 40; ++i)
+    lens.push_back(std::uniform_int_distribution<std::int64_t>(1, 40)(rng));
+  lens.insert(lens.begin() + 20, 700);
+  const auto cu = prefix_sums(lens);
+  check_backward(masks::varlen_causal(cu), Case{}, 1, "varlen causal");
+  check_backward(masks::varlen_full(cu), Case{}, 2, "varlen full");
+  check_backward(masks::sliding_window(700, 900, {64, 32}), Case{}, 3, "window (64, 32)");
+  // Overlapping q ranges and overlapping k ranges (no cell in two slices), all four types.
+  const Mask overlap(500, 600,
+                     {Slice{{0, 300}, {0, 100}, MaskType::kFull},
+                      Slice{{0, 500}, {100, 350}, MaskType::kCausal},
+                      Slice{{100, 400}, {450, 600}, MaskType::kInvCausal},
+                      Slice{{200, 500}, {0, 100}, MaskType::kCausal},
+                      Slice{{150, 450}, {300, 450}, MaskType::kBiCausal}});
+  check_backward(overlap, Case{}, 4, "overlapping slices");
+}
+
+TEST(Sm90Backward, GqaMqaAndSinks) {
+  REQUIRE_GPU();
+  const Mask mask(600, 700,
+                  {Slice{{0, 600}, {100, 700}, MaskType::kCausal},
+                   Slice{{0, 600}, {0, 16}, MaskType::kFull}});
+  for (std::int64_t hkv : {8, 2, 1}) {
+    Case c;
+    c.hq = 8;
+    c.hkv = hkv;
+    check_backward(mask, c, 1, hkv == 8 ? "MHA" : hkv == 1 ? "MQA" : "GQA");
+  }
+  for (SinkLayout layout : {SinkLayout::kSH, SinkLayout::kSSH}) {
+    Case c;
+    c.sink_len = 2;
+    c.opts.sink_layout = layout;
+    check_backward(masks::varlen_causal(prefix_sums({5, 300, 3, 200})), c, 5, "sink");
+  }
+}
+
+TEST(Sm90Backward, AccumulateAddsIntoTheGivenGradients) {
+  REQUIRE_GPU();
+  const Mask mask = masks::causal(400, 400);
+  const Case c;
+  if (!built(c.in, c.d)) return;
+  const Problem p = make_problem(mask, c, 9);
+  const oracle::BwdResult want = oracle::backward(mask, p);
+  const BwdGot got = run_backward(mask, p, c, true, 0.25);
+  const double scale = testing::grad_scale(want);
+  auto shifted = [](std::vector<double> x) {
+    for (double& e : x) e += 0.25;
+    return x;
+  };
+  EXPECT_LE(testing::err_at_scale(got.dq, shifted(want.dq), scale), bound(c.in));
+  EXPECT_LE(testing::err_at_scale(got.dk, shifted(want.dk), scale), bound(c.in));
+  EXPECT_LE(testing::err_at_scale(got.dv, shifted(want.dv), scale), bound(c.in));
+}
+
+TEST(Sm90Backward, WhatIsNotBuiltYetIsAnError) {
+  REQUIRE_GPU();
+  const Mask mask = masks::causal(64, 64);
+  Case c;
+  c.opts.softcap = 5.0;
+  const Problem p = make_problem(mask, c, 1);
+  expect_error([&] { run_backward(mask, p, c); }, "GPU backward: softcap");
+  Case d64;
+  d64.d = 64;
+  if (built(d64.in, 64)) {
+    const Problem p64 = make_problem(mask, d64, 1);
+    expect_error([&] { run_backward(mask, p64, d64); }, "head dim 128 only so far");
+  }
+}
+
+}  // namespace
+}  // namespace magi
