@@ -31,7 +31,7 @@ __global__ void fill_kernel(float* x, int n, float value) {
 // K and V are a few MB (2k tokens: 10 us with one warp a block and one load in flight, now
 // 4). Words past the last row (the padding the kernel's unaligned reads touch) are 0.
 // The pass also readies the workspace for this call (fwd_params.h FwdWorkspaceLayout: the
-// counters zeroed, the flagged heads marked, stale ranges marked with the call's number; no
+// counters zeroed, the flagged heads marked, stale ranges marked for this call; no
 // memset) and fills max_logits with -inf where the kernel maxes into it. With a RangeCheck, the blocks
 // of kv head 0 also compare the caller's device ranges with the prepared copy. The forward
 // kernel is launched as this pass's programmatic dependent: it may start as soon as every
@@ -94,7 +94,7 @@ __global__ void __launch_bounds__(kFlagThreads) flag_bad_rows(FwdParams p, int c
                load(rc.k, rc.range_bytes, 2 * i + 1) != e[3] ||
                (rc.types == nullptr ? 0 : load(rc.types, rc.type_bytes, i)) != e[4];
   }
-  if (__any_sync(0xffffffffu, differs) && t % 32 == 0) *rc.stale = *p.epoch + 1;  // the call
+  if (__any_sync(0xffffffffu, differs) && t % 32 == 0) *rc.stale = fwd_stale_mark(*p.epoch);
 }
 
 using Launcher = cudaError_t (*)(const FwdParams&, int, std::int64_t, cudaStream_t);

@@ -556,8 +556,8 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
       bool any_nan = false;         // a row of this thread is NaN (max_logits)
       // Ranges that differ from the prepared ones (FwdParams::stale): every row NaN, as a row
       // that read a NaN.
-      // (*epoch + 1 is this call's number until the end of the kernel, below)
-      const bool stale = p.stale != nullptr && *p.stale == *p.epoch + 1;
+      // (*epoch changes only at the end of the kernel, below)
+      const bool stale = p.stale != nullptr && *p.stale == fwd_stale_mark(*p.epoch);
       CUTE_UNROLL
       for (int i = 0; i < kRows; ++i) {
         const int row = q0 + get<0>(cO(i, 0));
@@ -744,7 +744,7 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
   detail::named_sync(1 + C::kWarpgroups, C::kConsumerThreads);
   if (ctid == 0 && atomicAdd(p.done, 1u) == gridDim.x - 1u) {
     for (int h = 0; h < p.heads_kv; ++h) p.bad_any[h] = 0u;
-    atomicAdd(p.epoch, 1ull);  // every other reader of this call's number is done
+    atomicAdd(p.epoch, 1ull);  // every other reader of the epoch is done
   }
 }
 

@@ -30,17 +30,23 @@ constexpr int fwd_block_n(int head_dim) {
 // Words of NaN/inf row flags a key block spans (32 keys per word, blocks of at most 128 keys).
 inline constexpr int kBadWords = 4;
 
+// The stale word's value for the call after `epoch`: an odd multiplier and a constant make it
+// a bijection with no small or regular fixed values (constexpr: the kernels call it too).
+constexpr unsigned long long fwd_stale_mark(unsigned long long epoch) {
+  return (epoch + 1) * 0x9E3779B97F4A7C15ull + 0x5851F42D4C957F2Dull;
+}
+
 // The per-call workspace (attention.h FwdArgs::workspace), in 16-byte aligned pieces: the
-// scheduler's counter and the count of finished consumer warpgroups (int32 each), the call
+// scheduler's counter and the count of finished CTAs (int32 each), the call
 // count (u64), the stale-ranges word (u64), one "some row flagged" word per kv head, then
 // bad_words row-flag words per kv head (one bit per key row, kBadWords + 1 words of padding
 // for the blocks' reads). Nothing is zeroed on the host: the pre-pass zeroes both counters,
 // overwrites every flag word, sets the "some row flagged" word of each head with a flagged row
-// and marks the stale word with the call's number (epoch + 1); the kernel's last warpgroup to
-// finish clears the "some row flagged" words and stores the call's number as the new epoch.
-// So any initial content gives exact results: a "some row flagged" word left nonzero only
-// costs the per-row check, and a fresh buffer's stale word equals the call's number only by
-// a 2^-64 chance.
+// and marks the stale word with the call's mark (fwd_stale_mark); the kernel's last CTA to
+// finish clears the "some row flagged" words and adds 1 to the epoch. So any initial content
+// gives exact results: a "some row flagged" word left nonzero only costs the per-row check,
+// and the stale word of a fresh buffer holds its epoch's mark only by a 2^-64 chance (a mixed
+// value, so that leftover data such as an int64 -1 followed by 0 does not look like one).
 struct FwdWorkspaceLayout {
   std::size_t done_off = 4, epoch_off = 8, stale_off = 16, any_off = 32, flags_off = 0,
               bytes = 0;
@@ -77,8 +83,7 @@ struct FwdParams {
   const Piece* pieces = nullptr;
   std::int32_t num_tiles = 0;
   std::int32_t* counter = nullptr;
-  // The workspace's bookkeeping (FwdWorkspaceLayout): finished consumer warpgroups, and the
-  // call count (this call is *epoch + 1).
+  // The workspace's bookkeeping (FwdWorkspaceLayout): finished CTAs and the call count.
   unsigned* done = nullptr;
   unsigned long long* epoch = nullptr;
   // Per kv head, one bit per key row: its K or V row holds a NaN/inf (docs/numerics.md),
@@ -87,7 +92,7 @@ struct FwdParams {
   const unsigned* bad_rows = nullptr;
   unsigned* bad_any = nullptr;
   std::int32_t bad_words = 0;
-  // This call's number when the caller's device ranges differ from the prepared ones (the
+  // fwd_stale_mark(*epoch) when the caller's device ranges differ from the prepared ones (the
   // pre-pass compares them, attention.h DeviceRanges): every out, lse and max_logits element
   // is NaN.
   const unsigned long long* stale = nullptr;
