@@ -5,13 +5,15 @@
 //   dV += P^T dO,  dK += dS^T Q,  dQ += dS K  (dS = P * (dP - Delta), dP = dO V^T),
 // FlashAttention-3's order (one CTA per key block iterating over query blocks). dK and dV stay
 // in registers for the whole item and are written once by their owner (no races, also for
-// GQA: the group's q heads run inside the item); dQ goes into a fp32 accumulator with atomics.
+// GQA: the group's q heads run inside the item); each block's dQ goes through shared memory to
+// a writer warp that adds it into a fp32 accumulator with bulk reductions (as FA3 does).
 //
 // Per CTA, warp specialisation as in the forward (fwd_kernel.cuh):
 // - warpgroup 0 gives registers away; its first warp is the producer: it takes the next item,
 //   hands it to the consumers, loads the tile's K and V once (TMA), then walks the query
 //   blocks, loading Q and dO (TMA) and lse / Delta (the lanes, from the workspace rows) into a
-//   2-stage ring, with what the consumers need to know of each block (BwdBlockInfo);
+//   2-stage ring, with what the consumers need to know of each block (BwdBlockInfo); its
+//   second warp is the dQ writer (cp.reduce.async.bulk of each staged row into dq_acc);
 // - two consumer warpgroups own 64 keys each of the 128-key tile: per block, S^T = K Q^T and
 //   dP^T = V dO^T (keys in rows: P^T and dS^T are then the A operands of the dV and dK
 //   products straight from registers), and each computes half of D of dQ = dS K from dS
@@ -55,6 +57,27 @@ struct BwdBlockInfo {
   int last;  // the item's last block
 };
 
+// One staged dQ block as the consumers hand it to the dQ writer: rows qb .. qb + 63 of q head
+// `head`, of which [q0, q1) are the piece's (head -1: no more blocks).
+struct DqJob {
+  int qb, q0, q1, head;
+};
+
+// dst[i] += src[i] for bytes / 4 floats, src in shared memory (a bulk copy: completes
+// asynchronously; the thread's bulk_commit / bulk_wait_read track it).
+__device__ inline void bulk_reduce_add(float* dst, const float* src, int bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(
+                   dst),
+               "r"(unsigned(__cvta_generic_to_shared(src))), "r"(bytes)
+               : "memory");
+}
+__device__ inline void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+// The thread's committed bulk copies have read their sources (`.read`) or fully completed.
+__device__ inline void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+}
+__device__ inline void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
+
 }  // namespace detail
 
 template <class T, int kD>
@@ -66,6 +89,7 @@ struct BwdConfig {
   static constexpr int kConsumerThreads = 128 * kWarpgroups;
   static constexpr int kThreads = 128 + kConsumerThreads;
   static constexpr int kStages = 2;  // the Q / dO ring
+  static constexpr int kDQStride = kD / kWarpgroups + 8;  // floats per staged dQ row
   // dK, dV (64 keys x D fp32: 128 registers), S^T and dP^T (32 each), P^T and dS^T in bf16;
   // the producer keeps 40 (its walk spilled heavily at 24).
   static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
@@ -125,9 +149,16 @@ struct BwdConfig {
     alignas(8) cute::uint64_t kv_full, kv_empty;
     cute::uint64_t q_full[kStages], q_empty[kStages];
     cute::uint64_t item_full[2], item_empty[2];
+    cute::uint64_t dq_full[2], dq_empty[2];
     std::int64_t item[2];
+    detail::DqJob dq_job[2];
+    // Each block's dQ (fp32, each warpgroup its half of D), handed to the dQ writer warp, which
+    // adds the rows into the accumulator with bulk reductions; rows padded by 8 floats (the
+    // consumers' 8-byte stores then take the two wavefronts 256 bytes need).
+    alignas(128) float dq[2][kWarpgroups][kBlockM][kDQStride];
   };
   static constexpr int kSmemBytes = int(sizeof(Smem)) + 1024;
+  static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm90 CTA may have");
 };
 
 template <class T, int kD>
@@ -175,6 +206,8 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
     for (int i = 0; i < 2; ++i) {
       Barrier::init(&s.item_full[i], 1);
       Barrier::init(&s.item_empty[i], C::kConsumerThreads);
+      Barrier::init(&s.dq_full[i], C::kConsumerThreads);
+      Barrier::init(&s.dq_empty[i], 1);
     }
     cutlass::arch::fence_barrier_init();
   }
@@ -184,7 +217,33 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
   if (warpgroup == 0) {
     // ---------------------------------------------------------------- producer
     cutlass::arch::warpgroup_reg_dealloc<C::kProducerRegs>();
-    if (tid >= 32) return;
+    if (tid >= 64) return;
+    if (tid >= 32) {
+      // The dQ writer: for each staged block, one bulk reduction per live row and warpgroup
+      // half (256 bytes at D 128) into the fp32 accumulator, then the buffer back to the
+      // consumers once the copies have read it.
+      const int lane = tid - 32;
+      constexpr int kHalf = kD / C::kWarpgroups;
+      for (int j = 0;; ++j) {
+        const detail::Ring d = detail::ring<2>(j);
+        Barrier::wait(&s.dq_full[d.stage], d.phase);
+        const detail::DqJob job = s.dq_job[d.stage];
+        if (job.head < 0) break;
+        for (int w = 0; w < C::kWarpgroups; ++w)
+          for (int r = lane; r < kBM; r += 32) {
+            const int q = job.qb + r;
+            if (q < job.q0 || q >= job.q1) continue;
+            float* dst = p.dq_acc + (std::int64_t(q) * p.heads_q + job.head) * kD + w * kHalf;
+            detail::bulk_reduce_add(dst, &s.dq[d.stage][w][r][0], kHalf * int(sizeof(float)));
+          }
+        detail::bulk_commit();
+        detail::bulk_wait_read();
+        __syncwarp();
+        if (lane == 0) Barrier::arrive(&s.dq_empty[d.stage]);
+      }
+      detail::bulk_wait_all();
+      return;
+    }
     const int lane = tid;
     if (lane == 0) {
       prefetch_tma_descriptor(kp.tma_q.get_tma_descriptor());
@@ -311,13 +370,20 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
   constexpr int kPair = C::kConsumerThreads;
   constexpr int kBarDsFree = 1, kBarDsFull = 2;
 
-  int blk = 0, kv_uses = 0;
+  int blk = 0, kv_uses = 0, dq_blocks = 0;
   for (int n = 0;; ++n) {
     const detail::Ring slot = detail::ring<2>(n);
     Barrier::wait(&s.item_full[slot.stage], slot.phase);
     const std::int64_t item = s.item[slot.stage];
     Barrier::arrive(&s.item_empty[slot.stage]);
-    if (item >= num_items) break;
+    if (item >= num_items) {
+      // No more blocks: the dQ writer stops.
+      const detail::Ring d = detail::ring<2>(dq_blocks);
+      Barrier::wait(&s.dq_empty[d.stage], d.phase ^ 1);
+      if (ctid == 0) s.dq_job[d.stage] = detail::DqJob{0, 0, 0, -1};
+      Barrier::arrive(&s.dq_full[d.stage]);
+      break;
+    }
     const Tile tile = p.tiles[item / p.heads_kv];
     const int g = int(item % p.heads_kv);
     const int kw = tile.start + kBW * wg;  // this warpgroup's first key
@@ -392,6 +458,10 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
             sdS(get<1>(cS(i, j)), kBW * wg + get<0>(cS(i, j))) = dS(i, j);
         }
         cutlass::arch::fence_view_async_shared();  // generic writes before the wgmma reads
+        // The staging buffer of this block's dQ free (waited for while nothing is in flight).
+        const int dq_stage = detail::ring<2>(dq_blocks).stage;
+        Barrier::wait(&s.dq_empty[dq_stage], detail::ring<2>(dq_blocks).phase ^ 1);
+        ++dq_blocks;
         detail::named_sync(kBarDsFull, kPair);
         {
           Tensor tdQrdS = thr_dq.partition_fragment_A(make_tensor(opaque(s.ds), typename C::LayoutDS{}));
@@ -405,25 +475,20 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
         warpgroup_fence_operand(tdKrdK);
         warpgroup_fence_operand(tdQrdQ);
         if (leader) Barrier::arrive(&s.q_empty[r.stage]);
-        // dQ (unscaled) into the accumulator: rows of the piece only (the others add 0), in
-        // 16-byte reductions. A thread holds columns (c, c + 1) of rows r and r + 8 per group
-        // of 8 columns, its quad neighbour (lane ^ 1) columns (c + 2, c + 3) or (c - 2, c - 1):
-        // the two swap one pair, the even lane then holds four columns of row r, the odd one
-        // four of row r + 8.
-        static_assert(decltype(size<0>(dQ))::value == 2, "rows r and r + 8 per thread");
-        float* acc = p.dq_acc + std::int64_t(bi.head) * kD + (kD / C::kWarpgroups) * wg;
-        const int odd = wtid & 1;
-        const int q = bi.qb + get<0>(cQ(odd, 0));
-        float* row = acc + std::int64_t(q) * p.heads_q * kD;
-        const bool live = q >= pc.q0 && q < pc.q1;
-        CUTE_UNROLL
-        for (int j = 0; j < decltype(size<1>(dQ))::value; j += 2) {
-          const float x0 = __shfl_xor_sync(0xffffffffu, odd ? dQ(0, j) : dQ(1, j), 1);
-          const float x1 = __shfl_xor_sync(0xffffffffu, odd ? dQ(0, j + 1) : dQ(1, j + 1), 1);
-          const float4 v = odd ? make_float4(x0, x1, dQ(1, j), dQ(1, j + 1))
-                               : make_float4(dQ(0, j), dQ(0, j + 1), x0, x1);
-          if (live)
-            atomicAdd(reinterpret_cast<float4*>(row + get<1>(cQ(0, j)) - 2 * odd), v);
+        // dQ (unscaled) to the dQ writer (above), which adds the piece's rows into the
+        // accumulator: this warpgroup's half of D into the staging buffer, as fp32 pairs.
+        {
+          float(*buf)[C::kDQStride] = s.dq[dq_stage][wg];
+          CUTE_UNROLL
+          for (int i = 0; i < decltype(size<0>(dQ))::value; ++i) {
+            CUTE_UNROLL
+            for (int j = 0; j < decltype(size<1>(dQ))::value; j += 2)
+              *reinterpret_cast<float2*>(&buf[get<0>(cQ(i, j))][get<1>(cQ(i, j))]) =
+                  make_float2(dQ(i, j), dQ(i, j + 1));
+          }
+          if (ctid == 0) s.dq_job[dq_stage] = detail::DqJob{bi.qb, pc.q0, pc.q1, bi.head};
+          cutlass::arch::fence_view_async_shared();  // generic stores before the bulk reads
+          Barrier::arrive(&s.dq_full[dq_stage]);
         }
         if (bi.last) break;
       }
