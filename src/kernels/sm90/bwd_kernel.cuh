@@ -443,13 +443,9 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
         }
         detail::wg_gemm_issue<true>(mma_kv, tdSrdS, thr_kv.partition_fragment_B(sQt(_, _, r.stage)),
                                     tdKrdK, false);
-        // dV and dK complete before dQ: P^T and dS^T in registers (32) beside the dQ
-        // accumulator (32) and its operands' descriptors do not fit in 232 registers.
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(tdVrdV);
-        warpgroup_fence_operand(tdKrdK);
         // dS^T into shared memory as dS (rows, keys), once both warpgroups' dQ products of
-        // the previous block have completed.
+        // the previous block have completed, while dK += dS^T Q runs (it only reads the dS
+        // registers these stores read too).
         detail::named_sync(kBarDsFree, kPair);
         CUTE_UNROLL
         for (int i = 0; i < kRows; ++i) {
@@ -463,6 +459,13 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
         Barrier::wait(&s.dq_empty[dq_stage], detail::ring<2>(dq_blocks).phase ^ 1);
         ++dq_blocks;
         detail::named_sync(kBarDsFull, kPair);
+        // dV and dK complete before dQ: P^T and dS^T in registers (32) beside the dQ
+        // accumulator (32) and its operands' descriptors do not fit in 232 registers.
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tdVrdV);
+        warpgroup_fence_operand(tdKrdK);
+        warpgroup_fence_operand(tPrP);    // the A operands of the two, kept until here
+        warpgroup_fence_operand(tdSrdS);
         {
           Tensor tdQrdS = thr_dq.partition_fragment_A(make_tensor(opaque(s.ds), typename C::LayoutDS{}));
           Tensor tdQrK = thr_dq.partition_fragment_B(
