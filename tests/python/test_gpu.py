@@ -93,6 +93,66 @@ def test_backward_on_cuda_matches_the_cpu_backward(gpu_built):
         assert err <= 3 * 2**-8, f"d{name}: {err}"
 
 
+def _backward_problem(n=512, hq=4, hkv=2, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    mask = masks.varlen_causal([0, 100, 357, n])
+    qr, kr, types = (torch.as_tensor(x, dtype=torch.int32).cuda()
+                     for x in masks.mask_to_ranges(mask))
+    q = torch.randn(n, hq, 128, generator=g).to(torch.bfloat16).cuda()
+    k, v = (torch.randn(n, hkv, 128, generator=g).to(torch.bfloat16).cuda() for _ in range(2))
+    dout = torch.randn(n, hq, 128, generator=g).to(torch.bfloat16).cuda()
+    return (q, k, v, dout), (qr, kr, types)
+
+
+def _grads(fn, q, k, v, dout):
+    q, k, v = (x.detach().clone().requires_grad_() for x in (q, k, v))
+    fn(q, k, v).backward(dout)
+    return [x.grad.float() for x in (q, k, v)]
+
+
+def _close(got, want, what):
+    scale = max(x.abs().max().item() for x in want)
+    for name, a, b in zip("qkv", got, want):
+        err = (a - b).abs().max().item() / scale
+        assert err <= 2**-7, f"{what} d{name}: {err}"  # dq's fp32 atomics sum in any order
+
+
+def test_backward_opcheck_on_cuda(gpu_built):
+    opcheck = getattr(torch.library, "opcheck", None)
+    if opcheck is None:
+        pytest.skip("torch.library.opcheck needs torch >= 2.4")
+    (q, k, v, dout), (qr, kr, types) = _backward_problem(n=256)
+    out, meta = magiattn.flex_flash_attn_func(q, k, v, qr, kr, types)
+    opcheck(torch.ops.magiattn.ffa_backward.default,
+            (dout, q, k, v, out, meta.lse, qr, kr, types, None, "sh", None, 0.0, False))
+
+
+def test_backward_under_torch_compile_fullgraph(gpu_built):
+    (q, k, v, dout), (qr, kr, types) = _backward_problem()
+
+    def f(q, k, v):
+        return magiattn.flex_flash_attn_func(q, k, v, qr, kr, types)[0]
+
+    _close(_grads(torch.compile(f, fullgraph=True), q, k, v, dout), _grads(f, q, k, v, dout),
+           "torch.compile(fullgraph=True)")
+
+
+def test_backward_in_cuda_graphs(gpu_built):
+    # make_graphed_callables captures the forward and the backward in CUDA graphs; replays with
+    # new q, k, v contents must equal eager calls on them.
+    (q, k, v, dout), (qr, kr, types) = _backward_problem()
+
+    def f(q, k, v):
+        return magiattn.flex_flash_attn_func(q, k, v, qr, kr, types)[0]
+
+    sample = tuple(x.detach().clone().requires_grad_() for x in (q, k, v))
+    graphed = torch.cuda.make_graphed_callables(f, sample)
+    for seed in (5, 6):
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        new = [torch.randn(x.shape, device="cuda", generator=g).to(x.dtype) for x in (q, k, v)]
+        _close(_grads(graphed, *new, dout), _grads(f, *new, dout), f"graph replay {seed}")
+
+
 def test_nan_and_inf_follow_the_rule(gpu_built):
     # docs/numerics.md: causal 512 bf16, NaN in key row 5 -> rows 5.. NaN (out and lse; lse
     # was -inf), rows 0..4 bit-equal to the clean run; an inf in v row 70 masked for rows
