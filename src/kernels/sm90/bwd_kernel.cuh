@@ -76,6 +76,13 @@ __device__ inline void bulk_commit() { asm volatile("cp.async.bulk.commit_group;
 __device__ inline void bulk_wait_read() {
   asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
 }
+// 4- and 8-byte stores to a shared-memory address.
+__device__ inline void st_shared(unsigned addr, unsigned v) {
+  asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+}
+__device__ inline void st_shared(unsigned addr, float x, float y) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(x), "f"(y) : "memory");
+}
 __device__ inline void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
 
 }  // namespace detail
@@ -92,7 +99,7 @@ struct BwdConfig {
   static constexpr int kDQStride = kD / kWarpgroups + 8;  // floats per staged dQ row
   // dK, dV (64 keys x D fp32: 128 registers), S^T and dP^T (32 each), P^T and dS^T in bf16;
   // the producer keeps 40 (its walk spilled heavily at 24).
-  static constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+  static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
   static_assert(kProducerRegs * 128 + kConsumerRegs * kConsumerThreads <=
                 65536 / kThreads / 8 * 8 * kThreads);
   using BM = cute::Int<kBlockM>;
@@ -186,10 +193,7 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
   Tensor sK = make_tensor(make_smem_ptr(s.k), typename C::LayoutKV{});
   Tensor sV = make_tensor(make_smem_ptr(s.v), typename C::LayoutKV{});
   Tensor sQ = make_tensor(make_smem_ptr(s.q), typename C::LayoutQ{});
-  Tensor sQt = make_tensor(make_smem_ptr(s.q), typename C::LayoutQt{});
   Tensor sdO = make_tensor(make_smem_ptr(s.dout), typename C::LayoutQ{});
-  Tensor sdOt = make_tensor(make_smem_ptr(s.dout), typename C::LayoutQt{});
-  Tensor sdS = make_tensor(make_smem_ptr(s.ds), typename C::LayoutDS{});
 
   const int tid = int(threadIdx.x);
   const int warpgroup = tid / 128;
@@ -337,6 +341,10 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
     asm volatile("" : "+l"(ptr));
     return make_smem_ptr(ptr);
   };
+  // A stage of the Q / dO ring, as (rows, D) or transposed (D, rows).
+  auto stage_of = [&](T* base, auto layout, int stage) CUTLASS_LAMBDA_FUNC_INLINE {
+    return make_tensor(opaque(base), layout)(_, _, stage);
+  };
   // This warpgroup's keys of K or V (A of S^T and dP^T).
   auto keys_of = [&](T* base) CUTLASS_LAMBDA_FUNC_INLINE {
     return local_tile(make_tensor(opaque(base), typename C::LayoutKV{}),
@@ -369,6 +377,10 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
   const float su = p.scale * detail::kLog2e;
   constexpr int kPair = C::kConsumerThreads;
   constexpr int kBarDsFree = 1, kBarDsFull = 2;
+  // Shared-memory addresses of dS and of the dQ staging buffers (32-bit stores: the generic
+  // pointers of a CuTe tensor gave 64-bit addresses and 2-byte generic stores).
+  const unsigned ds_base = unsigned(__cvta_generic_to_shared(s.ds));
+  const unsigned dq_base = unsigned(__cvta_generic_to_shared(&s.dq[0][0][0][0]));
 
   int blk = 0, kv_uses = 0, dq_blocks = 0;
   for (int n = 0;; ++n) {
@@ -398,74 +410,79 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
         const detail::BwdBlockInfo bi = s.info[r.stage];
         const Piece& pc = bi.pc;
         const bool full = detail::covers(pc, bi.qb, kBM, kw, kBW);
-        auto visible = [&](int i, int j) CUTLASS_LAMBDA_FUNC_INLINE {
-          const int k = kw + get<0>(cS(i, j)), q = bi.qb + get<1>(cS(i, j));
-          return q >= pc.q0 && q < pc.q1 && k >= pc.k0 && k < pc.k1 && k - q >= pc.lo &&
-                 k - q <= pc.hi;
+        // Zero (set, not multiplied) the cells of x the piece does not see.
+        auto mask = [&](auto& x) CUTLASS_LAMBDA_FUNC_INLINE {
+          CUTE_UNROLL
+          for (int i = 0; i < kRows; ++i) {
+            CUTE_UNROLL
+            for (int j = 0; j < kCols; ++j) {
+              const int k = kw + get<0>(cS(i, j)), q = bi.qb + get<1>(cS(i, j));
+              const bool seen = q >= pc.q0 && q < pc.q1 && k >= pc.k0 && k < pc.k1 &&
+                                k - q >= pc.lo && k - q <= pc.hi;
+              x(i, j) = seen ? x(i, j) : 0.f;
+            }
+          }
         };
         {
           Tensor tSrK = thr_sdp.partition_fragment_A(keys_of(s.k));
-          detail::wg_gemm_issue(mma_sdp, tSrK, thr_sdp.partition_fragment_B(sQ(_, _, r.stage)),
+          detail::wg_gemm_issue(mma_sdp, tSrK, thr_sdp.partition_fragment_B(stage_of(s.q, typename C::LayoutQ{}, r.stage)),
                                 tSrS, true);
           Tensor tdPrV = thr_sdp.partition_fragment_A(keys_of(s.v));
-          detail::wg_gemm_issue(mma_sdp, tdPrV, thr_sdp.partition_fragment_B(sdO(_, _, r.stage)),
+          detail::wg_gemm_issue(mma_sdp, tdPrV, thr_sdp.partition_fragment_B(stage_of(s.dout, typename C::LayoutQ{}, r.stage)),
                                 tdPrdP, true);
         }
-        warpgroup_wait<1>();  // S^T
+        warpgroup_wait<1>();  // S^T (dP^T may still run)
         warpgroup_fence_operand(tSrS);
-        // P^T = exp(scale * s - lse), 0 where the piece does not see the cell.
-        CUTE_UNROLL
-        for (int i = 0; i < kRows; ++i) {
-          CUTE_UNROLL
-          for (int j = 0; j < kCols; ++j) {
-            const float l2 = s.lse2[r.stage][get<1>(cS(i, j))];
-            const float pv = detail::exp2_approx(fmaf(S(i, j), su, -l2));
-            S(i, j) = full || visible(i, j) ? pv : 0.f;
-          }
-        }
-        CUTE_UNROLL
-        for (int e = 0; e < size(tSrS); ++e) tPrP(e) = T(tSrS(e));
-        detail::wg_gemm_issue<true>(mma_kv, tPrP, thr_kv.partition_fragment_B(sdOt(_, _, r.stage)),
-                                    tdVrdV, false);
-        warpgroup_wait<1>();  // dP^T (dV += P^T dO may still run)
-        warpgroup_fence_operand(tdPrdP);
-        // dS^T = P^T (dP^T - Delta) in bf16 / fp16 (the A operand's element e is the
-        // accumulator's element e), 0 where the piece does not see the cell.
-        Tensor dS = make_tensor(tdSrdS.data(), detail::rowcol(tdPrdP.layout()));
-        CUTE_UNROLL
-        for (int i = 0; i < kRows; ++i) {
-          CUTE_UNROLL
-          for (int j = 0; j < kCols; ++j) {
-            const float dl = s.delta[r.stage][get<1>(cS(i, j))];
-            const float ds = S(i, j) * (dP(i, j) - dl);
-            dS(i, j) = T(full || visible(i, j) ? ds : 0.f);
-          }
-        }
-        detail::wg_gemm_issue<true>(mma_kv, tdSrdS, thr_kv.partition_fragment_B(sQt(_, _, r.stage)),
-                                    tdKrdK, false);
-        // dS^T into shared memory as dS (rows, keys), once both warpgroups' dQ products of
-        // the previous block have completed, while dK += dS^T Q runs (it only reads the dS
-        // registers these stores read too).
-        detail::named_sync(kBarDsFree, kPair);
+        // P^T = exp(scale * s - lse), 0 where the piece does not see the cell (one branch per
+        // block: the per-cell selects only in blocks the piece does not cover).
         CUTE_UNROLL
         for (int i = 0; i < kRows; ++i) {
           CUTE_UNROLL
           for (int j = 0; j < kCols; ++j)
-            sdS(get<1>(cS(i, j)), kBW * wg + get<0>(cS(i, j))) = dS(i, j);
+            S(i, j) = detail::exp2_approx(fmaf(S(i, j), su, -s.lse2[r.stage][get<1>(cS(i, j))]));
+        }
+        if (!full) mask(S);
+        warpgroup_wait<0>();  // dP^T
+        warpgroup_fence_operand(tdPrdP);
+        // dS^T = P^T (dP^T - Delta), in place, 0 where the piece does not see the cell; then
+        // both in bf16 / fp16 as the A operands of dV and dK (the A operand's element e is the
+        // accumulator's element e). FlashAttention-3's order: no fp32 tile stays live beside
+        // an A operand in flight (issuing dV before dS spilled and serialized every wgmma).
+        CUTE_UNROLL
+        for (int i = 0; i < kRows; ++i) {
+          CUTE_UNROLL
+          for (int j = 0; j < kCols; ++j)
+            dP(i, j) = S(i, j) * (dP(i, j) - s.delta[r.stage][get<1>(cS(i, j))]);
+        }
+        if (!full) mask(dP);
+        CUTE_UNROLL
+        for (int e = 0; e < size(tSrS); ++e) tPrP(e) = T(tSrS(e));
+        CUTE_UNROLL
+        for (int e = 0; e < size(tdPrdP); ++e) tdSrdS(e) = T(tdPrdP(e));
+        detail::wg_gemm_issue<true>(mma_kv, tPrP, thr_kv.partition_fragment_B(stage_of(s.dout, typename C::LayoutQt{}, r.stage)),
+                                    tdVrdV, false);
+        detail::wg_gemm_issue<true>(mma_kv, tdSrdS, thr_kv.partition_fragment_B(stage_of(s.q, typename C::LayoutQt{}, r.stage)),
+                                    tdKrdK, false);
+        // dS^T into shared memory as dS (rows, keys), once both warpgroups' dQ products of
+        // the previous block have completed, while dV and dK run (the stores only read the
+        // registers the products read too).
+        Tensor dS = make_tensor(tdSrdS.data(), detail::rowcol(tdPrdP.layout()));
+        detail::named_sync(kBarDsFree, kPair);
+        CUTE_UNROLL
+        for (int i = 0; i < kRows; ++i) {
+          CUTE_UNROLL
+          for (int j = 0; j < kCols; j += 2) {
+            const int q = get<1>(cS(i, j)), k = kBW * wg + get<0>(cS(i, j));
+            detail::st_shared(ds_base + 2u * unsigned(typename C::LayoutDS{}(q, k)),
+                              *reinterpret_cast<const unsigned*>(&dS(i, j)));
+          }
         }
         cutlass::arch::fence_view_async_shared();  // generic writes before the wgmma reads
-        // The staging buffer of this block's dQ free (waited for while nothing is in flight).
+        // The staging buffer of this block's dQ free.
         const int dq_stage = detail::ring<2>(dq_blocks).stage;
         Barrier::wait(&s.dq_empty[dq_stage], detail::ring<2>(dq_blocks).phase ^ 1);
         ++dq_blocks;
         detail::named_sync(kBarDsFull, kPair);
-        // dV and dK complete before dQ: P^T and dS^T in registers (32) beside the dQ
-        // accumulator (32) and its operands' descriptors do not fit in 232 registers.
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(tdVrdV);
-        warpgroup_fence_operand(tdKrdK);
-        warpgroup_fence_operand(tPrP);    // the A operands of the two, kept until here
-        warpgroup_fence_operand(tdSrdS);
         {
           Tensor tdQrdS = thr_dq.partition_fragment_A(make_tensor(opaque(s.ds), typename C::LayoutDS{}));
           Tensor tdQrK = thr_dq.partition_fragment_B(
@@ -476,18 +493,20 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
         warpgroup_wait<0>();
         warpgroup_fence_operand(tdVrdV);
         warpgroup_fence_operand(tdKrdK);
+        warpgroup_fence_operand(tPrP);  // the A operands of dV and dK, kept until here
+        warpgroup_fence_operand(tdSrdS);
         warpgroup_fence_operand(tdQrdQ);
         if (leader) Barrier::arrive(&s.q_empty[r.stage]);
         // dQ (unscaled) to the dQ writer (above), which adds the piece's rows into the
         // accumulator: this warpgroup's half of D into the staging buffer, as fp32 pairs.
         {
-          float(*buf)[C::kDQStride] = s.dq[dq_stage][wg];
+          const unsigned buf = dq_base + unsigned(dq_stage * sizeof(s.dq[0]) + wg * sizeof(s.dq[0][0]));
           CUTE_UNROLL
           for (int i = 0; i < decltype(size<0>(dQ))::value; ++i) {
             CUTE_UNROLL
             for (int j = 0; j < decltype(size<1>(dQ))::value; j += 2)
-              *reinterpret_cast<float2*>(&buf[get<0>(cQ(i, j))][get<1>(cQ(i, j))]) =
-                  make_float2(dQ(i, j), dQ(i, j + 1));
+              detail::st_shared(buf + 4u * unsigned(get<0>(cQ(i, j)) * C::kDQStride + get<1>(cQ(i, j))),
+                                dQ(i, j), dQ(i, j + 1));
           }
           if (ctid == 0) s.dq_job[dq_stage] = detail::DqJob{bi.qb, pc.q0, pc.q1, bi.head};
           cutlass::arch::fence_view_async_shared();  // generic stores before the bulk reads
