@@ -61,19 +61,6 @@ __global__ void bwd_rows(BwdParams p, RowsArgs ra) {
   *delta = acc;
 }
 
-// dq = scale * accumulator (+ the given dq under accumulate), element by element.
-__global__ void bwd_dq(BwdParams p, std::int32_t head_dim) {
-  const std::int64_t n = std::int64_t(p.num_q) * p.heads_q * head_dim;
-  for (std::int64_t i = std::int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += std::int64_t(gridDim.x) * blockDim.x) {
-    const std::int64_t c = i % head_dim, rh = i / head_dim, h = rh % p.heads_q, row = rh / p.heads_q;
-    const std::int64_t at = row * p.dq_row + h * p.dq_head + c;
-    float x = p.scale * p.dq_acc[i];
-    if (p.accumulate) x += static_cast<float*>(p.dq)[at];
-    detail::store(p.dq, at, p.dq_type, x);
-  }
-}
-
 // dsink_j = -sum_q exp(sink_j - lse_q) Delta_q (docs/semantics.md): per head over all rows for
 // "sh" (a block per (j, head), summed in a fixed order: deterministic), per row for "ssh".
 struct SinkArgs {
@@ -121,14 +108,17 @@ __global__ void bwd_dsink_ssh(BwdParams p, SinkArgs sa) {
   }
 }
 
-using Launcher = cudaError_t (*)(const BwdParams&, int, std::int64_t, cudaStream_t);
+struct Launchers {
+  cudaError_t (*main)(const BwdParams&, int, std::int64_t, cudaStream_t) = nullptr;
+  cudaError_t (*dq)(const BwdParams&, cudaStream_t) = nullptr;
+};
 
-Launcher find_launcher(DType t, std::int64_t d) {
+Launchers find_launchers(DType t, std::int64_t d) {
 #define MAGI_SM90_CASE(T, D, DT) \
-  if (t == DType::DT && d == D) return &launch_backward<T, D>;
+  if (t == DType::DT && d == D) return {&launch_backward<T, D>, &launch_backward_dq<T, D>};
   MAGI_SM90_BWD_INSTANCES(MAGI_SM90_CASE)
 #undef MAGI_SM90_CASE
-  return nullptr;
+  return {};
 }
 
 }  // namespace
@@ -136,8 +126,8 @@ Launcher find_launcher(DType t, std::int64_t d) {
 void backward(const Mask& mask, const PreparedMask* prepared, const BwdArgs& a,
               const Resolved& r, int sm_margin, std::uintptr_t stream_handle) {
   const Dims& dm = r.dims;
-  const Launcher launch = find_launcher(a.q.dtype, dm.head_dim);
-  MAGI_CHECK(launch != nullptr, "GPU backward: no kernel for q dtype ", dtype_name(a.q.dtype),
+  const Launchers launch = find_launchers(a.q.dtype, dm.head_dim);
+  MAGI_CHECK(launch.main != nullptr, "GPU backward: no kernel for q dtype ", dtype_name(a.q.dtype),
              " and head dim ", dm.head_dim, " (the sm90 backward has head dim 128 only so far; "
              "forward kernels built: ", MAGI_SM90_FWD_BUILT, ")");
   MAGI_CHECK(r.softcap == 0, "GPU backward: softcap ", r.softcap, " is not supported yet");
@@ -218,7 +208,7 @@ void backward(const Mask& mask, const PreparedMask* prepared, const BwdArgs& a,
   }
   if (dm.num_k > 0 && dm.num_q > 0) {
     const int sms = std::max(1, sm_count(device) - sm_margin);
-    MAGI_CUDA_CHECK(launch(p, sms, std::int64_t(p.num_tiles) * dm.heads_kv, stream),
+    MAGI_CUDA_CHECK(launch.main(p, sms, std::int64_t(p.num_tiles) * dm.heads_kv, stream),
                     "kernel launch");
   } else if (dm.num_k > 0 && !r.accumulate) {  // no rows: dk = dv = 0
     for (const TensorView* t : {&a.dk, &a.dv})
@@ -227,11 +217,7 @@ void backward(const Mask& mask, const PreparedMask* prepared, const BwdArgs& a,
     MAGI_CUDA_CHECK(cudaMemsetAsync(a.dk.data, 0, std::size_t(a.dk.numel()) * dtype_size(a.dk.dtype), stream), "dk zeroing");
     MAGI_CUDA_CHECK(cudaMemsetAsync(a.dv.data, 0, std::size_t(a.dv.numel()) * dtype_size(a.dv.dtype), stream), "dv zeroing");
   }
-  if (dm.num_q > 0) {
-    bwd_dq<<<std::max<unsigned>(1, unsigned(std::min<std::int64_t>(
-                 (dm.num_q * dm.heads_q * d + 255) / 256, 65535))), 256, 0, stream>>>(p, d);
-    MAGI_CUDA_CHECK(cudaGetLastError(), "dq pass launch");
-  }
+  if (dm.num_q > 0) MAGI_CUDA_CHECK(launch.dq(p, stream), "dq pass launch");
   if (a.dsink) {
     const bool ssh = r.sink_layout == SinkLayout::kSSH;
     SinkArgs sa;

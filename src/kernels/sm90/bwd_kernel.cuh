@@ -13,7 +13,8 @@
 //   hands it to the consumers, loads the tile's K and V once (TMA), then walks the query
 //   blocks, loading Q and dO (TMA) and lse / Delta (the lanes, from the workspace rows) into a
 //   2-stage ring, with what the consumers need to know of each block (BwdBlockInfo); its
-//   second warp is the dQ writer (cp.reduce.async.bulk of each staged row into dq_acc);
+//   second warp is the dQ writer (one cp.reduce.async.bulk per warpgroup and block into
+//   dq_acc, which holds each block in the dQ product's fragment order: bwd_params.h);
 // - two consumer warpgroups own 64 keys each of the 128-key tile: per block, S^T = K Q^T and
 //   dP^T = V dO^T (keys in rows: P^T and dS^T are then the A operands of the dV and dK
 //   products straight from registers), and each computes half of D of dQ = dS K from dS
@@ -57,10 +58,10 @@ struct BwdBlockInfo {
   int last;  // the item's last block
 };
 
-// One staged dQ block as the consumers hand it to the dQ writer: rows qb .. qb + 63 of q head
-// `head`, of which [q0, q1) are the piece's (head -1: no more blocks).
+// One staged dQ block as the consumers hand it to the dQ writer: rows qb .. qb + 63 (qb a
+// multiple of 64) of q head `head` (head -1: no more blocks).
 struct DqJob {
-  int qb, q0, q1, head;
+  int qb, head;
 };
 
 // dst[i] += src[i] for bytes / 4 floats, src in shared memory (a bulk copy: completes
@@ -76,12 +77,14 @@ __device__ inline void bulk_commit() { asm volatile("cp.async.bulk.commit_group;
 __device__ inline void bulk_wait_read() {
   asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
 }
-// 4- and 8-byte stores to a shared-memory address.
+// 4- and 16-byte stores to a shared-memory address.
 __device__ inline void st_shared(unsigned addr, unsigned v) {
   asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
 }
-__device__ inline void st_shared(unsigned addr, float x, float y) {
-  asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(x), "f"(y) : "memory");
+__device__ inline void st_shared(unsigned addr, float x, float y, float z, float w) {
+  asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "f"(x), "f"(y), "f"(z),
+               "f"(w)
+               : "memory");
 }
 __device__ inline void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
 
@@ -96,7 +99,9 @@ struct BwdConfig {
   static constexpr int kConsumerThreads = 128 * kWarpgroups;
   static constexpr int kThreads = 128 + kConsumerThreads;
   static constexpr int kStages = 2;  // the Q / dO ring
-  static constexpr int kDQStride = kD / kWarpgroups + 8;  // floats per staged dQ row
+  // One warpgroup's dQ of a block: 64 rows x D / 2 fp32, in fragment order (bwd_params.h).
+  static constexpr int kDQFloats = bwd_dq_chunk(kD);
+  static_assert(kDQFloats == kBlockM * kD / kWarpgroups && kDQFloats % (4 * 128) == 0);
   // dK, dV (64 keys x D fp32: 128 registers), S^T and dP^T (32 each), P^T and dS^T in bf16;
   // the producer keeps 40 (its walk spilled heavily at 24).
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
@@ -159,10 +164,10 @@ struct BwdConfig {
     cute::uint64_t dq_full[2], dq_empty[2];
     std::int64_t item[2];
     detail::DqJob dq_job[2];
-    // Each block's dQ (fp32, each warpgroup its half of D), handed to the dQ writer warp, which
-    // adds the rows into the accumulator with bulk reductions; rows padded by 8 floats (the
-    // consumers' 8-byte stores then take the two wavefronts 256 bytes need).
-    alignas(128) float dq[2][kWarpgroups][kBlockM][kDQStride];
+    // Each block's dQ (fp32, each warpgroup its half of D in fragment order: the consumers'
+    // 16-byte stores are conflict-free), handed to the dQ writer warp, which adds each half
+    // into the accumulator with one bulk reduction.
+    alignas(128) float dq[2][kWarpgroups][kDQFloats];
   };
   static constexpr int kSmemBytes = int(sizeof(Smem)) + 1024;
   static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm90 CTA may have");
@@ -223,27 +228,24 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
     cutlass::arch::warpgroup_reg_dealloc<C::kProducerRegs>();
     if (tid >= 64) return;
     if (tid >= 32) {
-      // The dQ writer: for each staged block, one bulk reduction per live row and warpgroup
-      // half (256 bytes at D 128) into the fp32 accumulator, then the buffer back to the
-      // consumers once the copies have read it.
-      const int lane = tid - 32;
-      constexpr int kHalf = kD / C::kWarpgroups;
+      // The dQ writer: for each staged block, one bulk reduction per warpgroup half (32 KB
+      // at D 128 in all) into the block's chunk of the fp32 accumulator, then the buffer back
+      // to the consumers once the copies have read it. One thread issues them all.
+      if (tid != 32) return;
+      const int q_blocks = int(p.rows_pad / kBM);
       for (int j = 0;; ++j) {
         const detail::Ring d = detail::ring<2>(j);
         Barrier::wait(&s.dq_full[d.stage], d.phase);
         const detail::DqJob job = s.dq_job[d.stage];
         if (job.head < 0) break;
+        float* dst = p.dq_acc + (std::int64_t(job.head) * q_blocks + job.qb / kBM) *
+                                    C::kWarpgroups * std::int64_t(C::kDQFloats);
         for (int w = 0; w < C::kWarpgroups; ++w)
-          for (int r = lane; r < kBM; r += 32) {
-            const int q = job.qb + r;
-            if (q < job.q0 || q >= job.q1) continue;
-            float* dst = p.dq_acc + (std::int64_t(q) * p.heads_q + job.head) * kD + w * kHalf;
-            detail::bulk_reduce_add(dst, &s.dq[d.stage][w][r][0], kHalf * int(sizeof(float)));
-          }
+          detail::bulk_reduce_add(dst + w * C::kDQFloats, s.dq[d.stage][w],
+                                  C::kDQFloats * int(sizeof(float)));
         detail::bulk_commit();
         detail::bulk_wait_read();
-        __syncwarp();
-        if (lane == 0) Barrier::arrive(&s.dq_empty[d.stage]);
+        Barrier::arrive(&s.dq_empty[d.stage]);
       }
       detail::bulk_wait_all();
       return;
@@ -294,7 +296,9 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
         const int h = g * group + hh;
         for (int pi = tile.piece_begin; pi < tile.piece_end; ++pi) {
           const Piece pc = p.pieces[pi];
-          for (int qb = pc.q0; qb < pc.q1; qb += kBM) {
+          // Query blocks on the grid of 64 rows (the accumulator's chunks), the piece's rows
+          // masked in its first one.
+          for (int qb = pc.q0 / kBM * kBM; qb < pc.q1; qb += kBM) {
             const detail::Ring r = detail::ring<C::kStages>(blk++);
             if (lane == 0) Barrier::wait(&s.q_empty[r.stage], r.phase ^ 1);
             __syncwarp();
@@ -360,27 +364,25 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
   Tensor tPrP = make_tensor<T>(Layout<Shape<Shape<_2, _2, _2>, _1, Int<kBM / 16>>>{});
   Tensor tdSrdS = make_tensor<T>(Layout<Shape<Shape<_2, _2, _2>, _1, Int<kBM / 16>>>{});
   static_assert(decltype(size(tPrP))::value == decltype(size(tSrS))::value);
-  // (key, row) of each S^T element; (key, d) of dK / dV; (row, d) of dQ.
+  // (key, row) of each S^T element; (key, d) of dK / dV.
   Tensor cS = detail::as_rowcol(
       thr_sdp.partition_C(make_identity_tensor(Shape<typename C::BW, typename C::BM>{})));
   Tensor cKV = detail::as_rowcol(
       thr_kv.partition_C(make_identity_tensor(Shape<typename C::BW, typename C::HD>{})));
-  Tensor cQ = detail::as_rowcol(
-      thr_dq.partition_C(make_identity_tensor(Shape<typename C::BM, typename C::HD2>{})));
   Tensor S = detail::as_rowcol(tSrS);
   Tensor dP = detail::as_rowcol(tdPrdP);
   Tensor dK = detail::as_rowcol(tdKrdK);
   Tensor dV = detail::as_rowcol(tdVrdV);
-  Tensor dQ = detail::as_rowcol(tdQrdQ);
   constexpr int kRows = decltype(size<0>(S))::value;  // keys of this thread
   constexpr int kCols = decltype(size<1>(S))::value;  // query rows of this thread
   const float su = p.scale * detail::kLog2e;
   constexpr int kPair = C::kConsumerThreads;
   constexpr int kBarDsFree = 1, kBarDsFull = 2;
-  // Shared-memory addresses of dS and of the dQ staging buffers (32-bit stores: the generic
-  // pointers of a CuTe tensor gave 64-bit addresses and 2-byte generic stores).
-  const unsigned ds_base = unsigned(__cvta_generic_to_shared(s.ds));
-  const unsigned dq_base = unsigned(__cvta_generic_to_shared(&s.dq[0][0][0][0]));
+  // dS (rows, keys) as the dQ product's A operand, and the dQ staging buffers' address: the
+  // stores go as 32-bit shared addresses (through the generic pointers of a CuTe tensor they
+  // were 64-bit addresses and 2-byte generic stores).
+  Tensor sdS = make_tensor(make_smem_ptr(s.ds), typename C::LayoutDS{});
+  const unsigned dq_base = unsigned(__cvta_generic_to_shared(&s.dq[0][0][0]));
 
   int blk = 0, kv_uses = 0, dq_blocks = 0;
   for (int n = 0;; ++n) {
@@ -392,7 +394,7 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
       // No more blocks: the dQ writer stops.
       const detail::Ring d = detail::ring<2>(dq_blocks);
       Barrier::wait(&s.dq_empty[d.stage], d.phase ^ 1);
-      if (ctid == 0) s.dq_job[d.stage] = detail::DqJob{0, 0, 0, -1};
+      if (ctid == 0) s.dq_job[d.stage] = detail::DqJob{0, -1};
       Barrier::arrive(&s.dq_full[d.stage]);
       break;
     }
@@ -473,7 +475,7 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
           CUTE_UNROLL
           for (int j = 0; j < kCols; j += 2) {
             const int q = get<1>(cS(i, j)), k = kBW * wg + get<0>(cS(i, j));
-            detail::st_shared(ds_base + 2u * unsigned(typename C::LayoutDS{}(q, k)),
+            detail::st_shared(unsigned(__cvta_generic_to_shared(raw_pointer_cast(&sdS(q, k)))),
                               *reinterpret_cast<const unsigned*>(&dS(i, j)));
           }
         }
@@ -497,18 +499,17 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
         warpgroup_fence_operand(tdSrdS);
         warpgroup_fence_operand(tdQrdQ);
         if (leader) Barrier::arrive(&s.q_empty[r.stage]);
-        // dQ (unscaled) to the dQ writer (above), which adds the piece's rows into the
-        // accumulator: this warpgroup's half of D into the staging buffer, as fp32 pairs.
+        // dQ (unscaled) to the dQ writer (above), which adds the block into the accumulator:
+        // this warpgroup's half of D into the staging buffer, element 4 v + e of thread t at
+        // float (v * 128 + t) * 4 + e (the fragment order bwd_dq_coord reads back).
         {
-          const unsigned buf = dq_base + unsigned(dq_stage * sizeof(s.dq[0]) + wg * sizeof(s.dq[0][0]));
+          const unsigned buf = dq_base + unsigned((dq_stage * C::kWarpgroups + wg) * C::kDQFloats * 4);
+          static_assert(decltype(size(tdQrdQ))::value * 128 == C::kDQFloats);
           CUTE_UNROLL
-          for (int i = 0; i < decltype(size<0>(dQ))::value; ++i) {
-            CUTE_UNROLL
-            for (int j = 0; j < decltype(size<1>(dQ))::value; j += 2)
-              detail::st_shared(buf + 4u * unsigned(get<0>(cQ(i, j)) * C::kDQStride + get<1>(cQ(i, j))),
-                                dQ(i, j), dQ(i, j + 1));
-          }
-          if (ctid == 0) s.dq_job[dq_stage] = detail::DqJob{bi.qb, pc.q0, pc.q1, bi.head};
+          for (int v = 0; v < decltype(size(tdQrdQ))::value / 4; ++v)
+            detail::st_shared(buf + 16u * unsigned(v * 128 + wtid), tdQrdQ(4 * v),
+                              tdQrdQ(4 * v + 1), tdQrdQ(4 * v + 2), tdQrdQ(4 * v + 3));
+          if (ctid == 0) s.dq_job[dq_stage] = detail::DqJob{bi.qb, bi.head};
           cutlass::arch::fence_view_async_shared();  // generic stores before the bulk reads
           Barrier::arrive(&s.dq_full[dq_stage]);
         }
@@ -564,10 +565,46 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
   }
 }
 
-// Builds the TMA descriptors and launches the kernel on as many persistent CTAs as fit;
-// defined per instantiation (bwd_inst.cu.in).
+// The dq pass: dq = scale * accumulator (+ the given dq under accumulate) in dq's dtype. A CTA
+// per (64-row block, q head); each warpgroup reads its half of D back in the fragment order
+// the main kernel stored it in (the same MMA's partition of the same tile: exact by
+// construction).
+template <class T, int kD>
+__global__ void __launch_bounds__(128 * BwdConfig<T, kD>::kWarpgroups)
+    ffa_bwd_dq_kernel(const __grid_constant__ BwdParams p) {
+  using namespace cute;
+  using C = BwdConfig<T, kD>;
+  const int wg = int(threadIdx.x) / 128, t = int(threadIdx.x) % 128;
+  const int blk = int(blockIdx.x), h = int(blockIdx.y);
+  typename C::MmaDQ mma;
+  Tensor c = mma.get_thread_slice(t).partition_C(
+      make_identity_tensor(Shape<typename C::BM, typename C::HD2>{}));
+  const float4* acc = reinterpret_cast<const float4*>(
+      p.dq_acc + ((std::int64_t(h) * (p.rows_pad / C::kBlockM) + blk) * C::kWarpgroups + wg) *
+                     std::int64_t(C::kDQFloats));
+  CUTE_UNROLL
+  for (int v = 0; v < decltype(size(c))::value / 4; ++v) {
+    const float4 x = acc[v * 128 + t];
+    const float xs[4] = {x.x, x.y, x.z, x.w};
+    CUTE_UNROLL
+    for (int e = 0; e < 4; ++e) {
+      const std::int64_t row = std::int64_t(blk) * C::kBlockM + get<0>(c(4 * v + e));
+      if (row >= p.num_q) continue;
+      const std::int64_t at =
+          row * p.dq_row + std::int64_t(h) * p.dq_head + wg * (kD / C::kWarpgroups) + get<1>(c(4 * v + e));
+      float y = p.scale * xs[e];
+      if (p.accumulate) y += static_cast<const float*>(p.dq)[at];
+      detail::store(p.dq, at, p.dq_type, y);
+    }
+  }
+}
+
+// Build the TMA descriptors and launch the main kernel on as many persistent CTAs as fit, and
+// the dq pass; defined per instantiation (bwd_inst.cu.in).
 template <class T, int kD>
 cudaError_t launch_backward(const BwdParams& p, int sms, std::int64_t max_ctas,
                             cudaStream_t stream);
+template <class T, int kD>
+cudaError_t launch_backward_dq(const BwdParams& p, cudaStream_t stream);
 
 }  // namespace magi::kernels::sm90

@@ -6,9 +6,9 @@
 //    head-major fp32 rows of the workspace; zeroes the fp32 dq accumulator.
 // 2. the main kernel (bwd_kernel.cuh): one CTA per (key tile, kv head) item, over every q head
 //    of the group and every query block of the tile's pieces; dK, dV in registers, written
-//    once by their owner; dQ added into the fp32 accumulator with atomics.
-// 3. bwd_dq: dq = scale * accumulator (+ the given dq under accumulate), in dq's dtype; and
-//    dsink.
+//    once by their owner; dQ added into the fp32 accumulator with bulk reductions.
+// 3. the dq pass (bwd_kernel.cuh): dq = scale * accumulator (+ the given dq under
+//    accumulate), in dq's dtype; and dsink (backward.cu).
 #pragma once
 
 #include <cstddef>
@@ -23,9 +23,15 @@ namespace magi::kernels::sm90 {
 constexpr int bwd_block_n(int) { return 128; }
 constexpr int bwd_block_m(int) { return 64; }
 
+// The fp32 dq accumulator holds, per q head and block of 64 rows (blocks on the grid of 64
+// rows), each consumer warpgroup's half of D as one chunk in the dQ product's fragment order
+// (element 4 v + e of thread t at float (v * 128 + t) * 4 + e): the main kernel adds a chunk
+// with one bulk reduction, the dq pass reads it back through the same partition.
+constexpr int bwd_dq_chunk(int head_dim) { return 64 * head_dim / 2; }
+
 // The per-call workspace, 16-byte aligned pieces: the scheduler's counter, lse (log2 units)
-// and Delta as [Hq][rows_pad] fp32 (rows padded by a whole query block past the last one, as
-// blocks start at any row; the padding lse +inf so that P = 0 there), then the fp32 dq accumulator [Nq][Hq][D].
+// and Delta as [Hq][rows_pad] fp32 (rows padded to whole query blocks, the padding lse +inf so
+// that P = 0 there), then the dq accumulator [Hq][rows_pad / 64][2][bwd_dq_chunk(D)].
 struct BwdWorkspaceLayout {
   std::size_t lse_off = 16, delta_off = 0, dq_off = 0, bytes = 0;
   std::int64_t rows_pad = 0;
@@ -33,11 +39,11 @@ struct BwdWorkspaceLayout {
 constexpr BwdWorkspaceLayout bwd_workspace_layout(std::int64_t num_q, std::int64_t heads_q,
                                                   std::int64_t head_dim) {
   BwdWorkspaceLayout l;
-  l.rows_pad = (num_q + 63) / 64 * 64 + 64;  // a block may start at any row
+  l.rows_pad = (num_q + 63) / 64 * 64;
   const std::size_t rows = std::size_t(l.rows_pad) * std::size_t(heads_q) * 4;
   l.delta_off = l.lse_off + (rows + 15) / 16 * 16;
   l.dq_off = l.delta_off + (rows + 15) / 16 * 16;
-  l.bytes = l.dq_off + std::size_t(num_q) * std::size_t(heads_q) * std::size_t(head_dim) * 4;
+  l.bytes = l.dq_off + rows * std::size_t(head_dim);
   return l;
 }
 
@@ -67,7 +73,7 @@ struct BwdParams {
   float* lse2 = nullptr;
   float* delta = nullptr;
   std::int64_t rows_pad = 0;
-  float* dq_acc = nullptr;  // [Nq][Hq][D], contiguous
+  float* dq_acc = nullptr;  // [Hq][rows_pad / 64][2][bwd_dq_chunk(D)] (above)
 };
 
 }  // namespace magi::kernels::sm90
