@@ -97,7 +97,7 @@ def _backward_problem(n=512, hq=4, hkv=2, seed=1):
     g = torch.Generator().manual_seed(seed)
     mask = masks.varlen_causal([0, n // 5, n * 7 // 10, n])  # documents of any alignment
     qr, kr, types = (torch.as_tensor(x, dtype=torch.int32).cuda()
-                     for x in masks.mask_to_ranges(mask))
+                     for x in (mask.q_ranges(), mask.k_ranges(), mask.attn_type_map()))
     q = torch.randn(n, hq, 128, generator=g).to(torch.bfloat16).cuda()
     k, v = (torch.randn(n, hkv, 128, generator=g).to(torch.bfloat16).cuda() for _ in range(2))
     dout = torch.randn(n, hq, 128, generator=g).to(torch.bfloat16).cuda()

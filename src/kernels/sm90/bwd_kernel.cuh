@@ -406,7 +406,6 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
     if (tile.piece_begin < tile.piece_end) {
       TxBarrier::wait(&s.kv_full, kv_uses & 1);
       ++kv_uses;
-      int held = -1;  // the Q / dO stage the previous block's dK product may still read
       for (;;) {
         const detail::Ring r = detail::ring<C::kStages>(blk++);
         TxBarrier::wait(&s.q_full[r.stage], r.phase);
@@ -434,9 +433,8 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
           detail::wg_gemm_issue(mma_sdp, tdPrV, thr_sdp.partition_fragment_B(stage_of(s.dout, typename C::LayoutQ{}, r.stage)),
                                 tdPrdP, true);
         }
-        warpgroup_wait<1>();  // S^T, and the previous block's dK (dP^T may still run)
+        warpgroup_wait<1>();  // S^T (dP^T may still run)
         warpgroup_fence_operand(tSrS);
-        if (leader && held >= 0) Barrier::arrive(&s.q_empty[held]);
         // P^T = exp(scale * s - lse), 0 where the piece does not see the cell (one branch per
         // block: the per-cell selects only in blocks the piece does not cover).
         CUTE_UNROLL
@@ -465,8 +463,11 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
         for (int e = 0; e < size(tdPrdP); ++e) tdSrdS(e) = T(tdPrdP(e));
         detail::wg_gemm_issue<true>(mma_kv, tPrP, thr_kv.partition_fragment_B(stage_of(s.dout, typename C::LayoutQt{}, r.stage)),
                                     tdVrdV, false);
+        detail::wg_gemm_issue<true>(mma_kv, tdSrdS, thr_kv.partition_fragment_B(stage_of(s.q, typename C::LayoutQt{}, r.stage)),
+                                    tdKrdK, false);
         // dS^T into shared memory as dS (rows, keys), once both warpgroups' dQ products of
-        // the previous block have completed, while dV runs.
+        // the previous block have completed, while dV and dK run (the stores only read the
+        // registers the products read too).
         Tensor dS = make_tensor(tdSrdS.data(), detail::rowcol(tdPrdP.layout()));
         detail::named_sync(kBarDsFree, kPair);
         CUTE_UNROLL
@@ -491,16 +492,13 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
                          Shape<typename C::HD2, typename C::BN>{}, make_coord(wg, 0)));
           detail::wg_gemm_issue(mma_dq, tdQrdS, tdQrK, tdQrdQ, true);
         }
-        // dK += dS^T Q last (FlashAttention-3's order): it runs while dQ goes to the writer
-        // and while the next block's S^T and dP^T are issued; the next block's first wait
-        // (or the item's end) completes it and frees this block's Q / dO stage.
-        detail::wg_gemm_issue<true>(mma_kv, tdSrdS, thr_kv.partition_fragment_B(stage_of(s.q, typename C::LayoutQt{}, r.stage)),
-                                    tdKrdK, false);
-        warpgroup_wait<1>();  // dV and dQ
+        warpgroup_wait<0>();
         warpgroup_fence_operand(tdVrdV);
-        warpgroup_fence_operand(tPrP);  // the A operand of dV, kept until here
+        warpgroup_fence_operand(tdKrdK);
+        warpgroup_fence_operand(tPrP);  // the A operands of dV and dK, kept until here
+        warpgroup_fence_operand(tdSrdS);
         warpgroup_fence_operand(tdQrdQ);
-        held = r.stage;
+        if (leader) Barrier::arrive(&s.q_empty[r.stage]);
         // dQ (unscaled) to the dQ writer (above), which adds the block into the accumulator:
         // this warpgroup's half of D into the staging buffer, element 4 v + e of thread t at
         // float (v * 128 + t) * 4 + e (the fragment order bwd_dq_coord reads back).
@@ -517,13 +515,7 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
         }
         if (bi.last) break;
       }
-      warpgroup_wait<0>();  // the last dK
-      warpgroup_fence_operand(tdKrdK);
-      warpgroup_fence_operand(tdSrdS);
-      if (leader) {
-        Barrier::arrive(&s.q_empty[held]);
-        Barrier::arrive(&s.kv_empty);
-      }
+      if (leader) Barrier::arrive(&s.kv_empty);
     }
     // Epilogue: dK = scale * sum dS^T Q, dV = sum P^T dO, rows of this warpgroup's keys; the
     // output kind chosen once (a switch beside every store spilled the accumulators).
