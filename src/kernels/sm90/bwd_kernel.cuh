@@ -433,6 +433,10 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
           detail::wg_gemm_issue(mma_sdp, tdPrV, thr_sdp.partition_fragment_B(stage_of(s.dout, typename C::LayoutQ{}, r.stage)),
                                 tdPrdP, true);
         }
+        // This block's lse in registers while the products run (16 rows).
+        float lse2[kCols];
+        CUTE_UNROLL
+        for (int j = 0; j < kCols; ++j) lse2[j] = s.lse2[r.stage][get<1>(cS(0, j))];
         warpgroup_wait<1>();  // S^T (dP^T may still run)
         warpgroup_fence_operand(tSrS);
         // P^T = exp(scale * s - lse), 0 where the piece does not see the cell (one branch per
@@ -441,7 +445,7 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
         for (int i = 0; i < kRows; ++i) {
           CUTE_UNROLL
           for (int j = 0; j < kCols; ++j)
-            S(i, j) = detail::exp2_approx(fmaf(S(i, j), su, -s.lse2[r.stage][get<1>(cS(i, j))]));
+            S(i, j) = detail::exp2_approx(fmaf(S(i, j), su, -lse2[j]));
         }
         if (!full) mask(S);
         warpgroup_wait<0>();  // dP^T
