@@ -214,8 +214,11 @@ void backward(const Mask& mask, const PreparedMask* prepared, const BwdArgs& a,
     for (const TensorView* t : {&a.dk, &a.dv})
       MAGI_CHECK(t->is_contiguous(), "GPU backward: ", t == &a.dk ? "dk" : "dv",
                  " must be contiguous when there are no query rows");
-    MAGI_CUDA_CHECK(cudaMemsetAsync(a.dk.data, 0, std::size_t(a.dk.numel()) * dtype_size(a.dk.dtype), stream), "dk zeroing");
-    MAGI_CUDA_CHECK(cudaMemsetAsync(a.dv.data, 0, std::size_t(a.dv.numel()) * dtype_size(a.dv.dtype), stream), "dv zeroing");
+    const auto bytes = [](const TensorView& t) {
+      return std::size_t(t.numel()) * dtype_size(t.dtype);
+    };
+    MAGI_CUDA_CHECK(cudaMemsetAsync(a.dk.data, 0, bytes(a.dk), stream), "dk zeroing");
+    MAGI_CUDA_CHECK(cudaMemsetAsync(a.dv.data, 0, bytes(a.dv), stream), "dv zeroing");
   }
   if (dm.num_q > 0) MAGI_CUDA_CHECK(launch.dq(p, stream), "dq pass launch");
   if (a.dsink) {

@@ -1,8 +1,9 @@
 // Host side of the sm90 forward: finds the work list (resident in a PreparedMask, or built and
 // uploaded per call), launches the pre-pass that readies the per-call workspace (the
 // scheduler's counter and the NaN/inf row flags of K and V, flag_bad_rows) and fills
-// max_logits, then the instantiation for (dtype, D), on the caller's stream: two launches. A call on a prepared mask
-// with a workspace is capturable in a CUDA graph: stream work only, nothing synchronises.
+// max_logits, then the instantiation for (dtype, D), on the caller's stream: two launches. A
+// call on a prepared mask with a workspace is capturable in a CUDA graph: stream work only,
+// nothing synchronises.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -31,11 +32,11 @@ __global__ void fill_kernel(float* x, int n, float value) {
 // K and V are a few MB (2k tokens: 10 us with one warp a block and one load in flight, now
 // 4). Words past the last row (the padding the kernel's unaligned reads touch) are 0.
 // The pass also readies the workspace for this call (fwd_params.h FwdWorkspaceLayout: the
-// counters zeroed, the flagged heads marked, stale ranges marked for this call; no
-// memset) and fills max_logits with -inf where the kernel maxes into it. With a RangeCheck, the blocks
-// of kv head 0 also compare the caller's device ranges with the prepared copy. The forward
-// kernel is launched as this pass's programmatic dependent: it may start as soon as every
-// block here has started, and reads nothing the pass writes before the pass has completed.
+// counters zeroed, the flagged heads marked, stale ranges marked for this call; no memset)
+// and fills max_logits with -inf where the kernel maxes into it. With a RangeCheck, the
+// blocks of kv head 0 also compare the caller's device ranges with the prepared copy. The
+// forward kernel is launched as this pass's programmatic dependent: it may start as soon as
+// every block here has started, and reads nothing the pass writes before the pass completed.
 constexpr int kFlagThreads = 256;
 constexpr int kFlagLoads = 4;  // per thread and tensor: 32 rows x D / 8 chunks
 static_assert(kFlagThreads * kFlagLoads >= 32 * 256 / 8, "the largest kernel head dim, 256");

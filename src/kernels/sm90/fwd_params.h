@@ -37,10 +37,10 @@ constexpr unsigned long long fwd_stale_mark(unsigned long long epoch) {
 }
 
 // The per-call workspace (attention.h FwdArgs::workspace), in 16-byte aligned pieces: the
-// scheduler's counter and the count of finished CTAs (int32 each), the call
-// count (u64), the stale-ranges word (u64), one "some row flagged" word per kv head, then
-// bad_words row-flag words per kv head (one bit per key row, kBadWords + 1 words of padding
-// for the blocks' reads). Nothing is zeroed on the host: the pre-pass zeroes both counters,
+// scheduler's counter and the count of finished CTAs (int32 each), the call count (u64), the
+// stale-ranges word (u64), one "some row flagged" word per kv head, then bad_words row-flag
+// words per kv head (one bit per key row, kBadWords + 1 words of padding for the blocks'
+// reads). Nothing is zeroed on the host: the pre-pass zeroes both counters,
 // overwrites every flag word, sets the "some row flagged" word of each head with a flagged row
 // and marks the stale word with the call's mark (fwd_stale_mark); the kernel's last CTA to
 // finish clears the "some row flagged" words and adds 1 to the epoch. So any initial content
