@@ -1,8 +1,8 @@
 // Host side of the sm90 backward (bwd_params.h has the three launches): finds the key-tile work
 // list (resident in a PreparedMask, or built and uploaded per call), lays out the per-call
 // workspace (cudaMallocAsync: NOT YET a caller's workspace), and queues the row pass, the main
-// kernel and the dq / dsink pass on the caller's stream. Work in progress: head dim 128, no
-// softcap, no deterministic mode.
+// kernel and the dq / dsink pass on the caller's stream. Work in progress: head dims 64 and
+// 128, no deterministic mode.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -128,9 +128,8 @@ void backward(const Mask& mask, const PreparedMask* prepared, const BwdArgs& a,
   const Dims& dm = r.dims;
   const Launchers launch = find_launchers(a.q.dtype, dm.head_dim);
   MAGI_CHECK(launch.main != nullptr, "GPU backward: no kernel for q dtype ", dtype_name(a.q.dtype),
-             " and head dim ", dm.head_dim, " (the sm90 backward has head dim 128 only so far; "
+             " and head dim ", dm.head_dim, " (the sm90 backward has head dims 64 and 128 so far; "
              "forward kernels built: ", MAGI_SM90_FWD_BUILT, ")");
-  MAGI_CHECK(r.softcap == 0, "GPU backward: softcap ", r.softcap, " is not supported yet");
   MAGI_CHECK(!r.deterministic, "GPU backward: deterministic mode is not supported yet");
   auto stream = reinterpret_cast<cudaStream_t>(stream_handle);
   const int device = a.q.device_idx;
@@ -157,6 +156,7 @@ void backward(const Mask& mask, const PreparedMask* prepared, const BwdArgs& a,
   p.num_q = std::int32_t(dm.num_q), p.num_k = std::int32_t(dm.num_k);
   p.heads_q = std::int32_t(dm.heads_q), p.heads_kv = std::int32_t(dm.heads_kv);
   p.scale = float(r.scale);
+  p.softcap = float(r.softcap);
   p.accumulate = r.accumulate;
   const auto pairs = [](const TensorView& t) {
     return t.stride[0] % 2 == 0 && t.stride[1] % 2 == 0 &&

@@ -25,7 +25,7 @@
 // Masking: a block whose corners the piece does not cover gets P = dS = 0 on the cells it does
 // not see (set, not multiplied: a NaN in K or V there must not leak). NOT YET: the forward's
 // NaN/inf rule for rows of Q and dO inside a block but outside its piece (a NaN there reaches
-// dK / dV through the 0 of dS / P; docs/numerics.md), softcap, deterministic mode.
+// dK / dV through the 0 of dS / P; docs/numerics.md), deterministic mode.
 #pragma once
 
 #include "tma_encode.h"  // first: before CUTLASS sees the driver call
@@ -92,16 +92,21 @@ __device__ inline void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 
 
 template <class T, int kD>
 struct BwdConfig {
-  static_assert(kD == 128, "the sm90 backward is written for D 128 so far (registers, tiles)");
+  static_assert(kD == 64 || kD == 128, "the sm90 backward has D 64 and 128 so far (registers)");
   static constexpr int kBlockM = bwd_block_m(kD);  // query rows per block
   static constexpr int kBlockN = bwd_block_n(kD);  // keys per tile, 64 per consumer warpgroup
   static constexpr int kWarpgroups = 2;
   static constexpr int kConsumerThreads = 128 * kWarpgroups;
   static constexpr int kThreads = 128 + kConsumerThreads;
   static constexpr int kStages = 2;  // the Q / dO ring
-  // One warpgroup's dQ of a block: 64 rows x D / 2 fp32, in fragment order (bwd_params.h).
+  // One warpgroup's dQ of a block, in fragment order (bwd_params.h): 64 rows x D / 2 from all
+  // 128 keys, or at D 64 (kDQSplitKeys) 64 rows x D from the warpgroup's 64 keys.
+  static constexpr bool kDQSplitKeys = bwd_dq_split_keys(kD);
+  static constexpr int kDQCols = kDQSplitKeys ? kD : kD / kWarpgroups;
+  static constexpr int kDQChunks = kDQSplitKeys ? 1 : kWarpgroups;  // per block in dq_acc
   static constexpr int kDQFloats = bwd_dq_chunk(kD);
-  static_assert(kDQFloats == kBlockM * kD / kWarpgroups && kDQFloats % (4 * 128) == 0);
+  static_assert(kDQFloats == kBlockM * kDQCols && kDQFloats * kDQChunks == kBlockM * kD &&
+                kDQFloats % (4 * 128) == 0);
   // dK, dV (64 keys x D fp32: 128 registers), S^T and dP^T (32 each), P^T and dS^T in bf16;
   // the producer keeps 40 (its walk spilled heavily at 24).
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
@@ -111,7 +116,8 @@ struct BwdConfig {
   using BN = cute::Int<kBlockN>;
   using BW = cute::Int<kBlockN / kWarpgroups>;  // keys per consumer warpgroup
   using HD = cute::Int<kD>;
-  using HD2 = cute::Int<kD / kWarpgroups>;      // dQ columns per consumer warpgroup
+  using HD2 = cute::Int<kDQCols>;                // dQ columns per consumer warpgroup
+  using DQK = cute::Int<kDQSplitKeys ? kBlockN / kWarpgroups : kBlockN>;  // its keys
   using AtomK = cute::GMMA::Layout_K_SW128_Atom<T>;
   using AtomMN = cute::GMMA::Layout_MN_SW128_Atom<T>;
   // K and V tiles (keys, D) and the Q / dO ring (rows, D, stage), rows of D as TMA loads them.
@@ -137,9 +143,10 @@ struct BwdConfig {
       cute::GMMA::rs_op_selector<T, T, float, cute::Shape<BW, HD, BM>, cute::GMMA::Major::K,
                                  cute::GMMA::Major::MN>(),
       OneWG{}));
-  // dQ (this warpgroup's half of D) = dS K: (64 rows, D / 2, 128 keys), both MN-major.
+  // dQ (this warpgroup's half of D, or all of D over its keys) = dS K: (64 rows, HD2, DQK),
+  // both MN-major.
   using MmaDQ = decltype(cute::make_tiled_mma(
-      cute::GMMA::ss_op_selector<T, T, float, cute::Shape<BM, HD2, BN>, cute::GMMA::Major::MN,
+      cute::GMMA::ss_op_selector<T, T, float, cute::Shape<BM, HD2, DQK>, cute::GMMA::Major::MN,
                                  cute::GMMA::Major::MN>(),
       OneWG{}));
 
@@ -239,9 +246,9 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
         const detail::DqJob job = s.dq_job[d.stage];
         if (job.head < 0) break;
         float* dst = p.dq_acc + (std::int64_t(job.head) * q_blocks + job.qb / kBM) *
-                                    C::kWarpgroups * std::int64_t(C::kDQFloats);
+                                    C::kDQChunks * std::int64_t(C::kDQFloats);
         for (int w = 0; w < C::kWarpgroups; ++w)
-          detail::bulk_reduce_add(dst + w * C::kDQFloats, s.dq[d.stage][w],
+          detail::bulk_reduce_add(dst + (C::kDQSplitKeys ? 0 : w * C::kDQFloats), s.dq[d.stage][w],
                                   C::kDQFloats * int(sizeof(float)));
         detail::bulk_commit();
         detail::bulk_wait_read();
@@ -376,6 +383,12 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
   constexpr int kRows = decltype(size<0>(S))::value;  // keys of this thread
   constexpr int kCols = decltype(size<1>(S))::value;  // query rows of this thread
   const float su = p.scale * detail::kLog2e;
+  // Softcap c (0: none): l = c tanh(scale * s / c); in log2 units cap2 tanh(s * cap_in), and
+  // t = l2 * cap_out.
+  const bool capped = p.softcap > 0.f;
+  const float cap_in = capped ? p.scale / p.softcap : 0.f;
+  const float cap2 = p.softcap * detail::kLog2e;
+  const float cap_out = capped ? 1.f / cap2 : 0.f;
   constexpr int kPair = C::kConsumerThreads;
   constexpr int kBarDsFree = 1, kBarDsFull = 2;
   // dS (rows, keys) as the dQ product's A operand, and the dQ staging buffers' address: the
@@ -439,13 +452,23 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
         for (int j = 0; j < kCols; ++j) lse2[j] = s.lse2[r.stage][get<1>(cS(0, j))];
         warpgroup_wait<1>();  // S^T (dP^T may still run)
         warpgroup_fence_operand(tSrS);
-        // P^T = exp(scale * s - lse), 0 where the piece does not see the cell (one branch per
-        // block: the per-cell selects only in blocks the piece does not cover).
-        CUTE_UNROLL
-        for (int i = 0; i < kRows; ++i) {
+        // P^T = exp(l - lse) with the logit l = scale * s, or c tanh(scale * s / c) under
+        // softcap c; 0 where the piece does not see the cell (one branch per block: the
+        // per-cell selects only in blocks the piece does not cover).
+        if (capped) {
           CUTE_UNROLL
-          for (int j = 0; j < kCols; ++j)
-            S(i, j) = detail::exp2_approx(fmaf(S(i, j), su, -lse2[j]));
+          for (int i = 0; i < kRows; ++i) {
+            CUTE_UNROLL
+            for (int j = 0; j < kCols; ++j)
+              S(i, j) = detail::exp2_approx(fmaf(cap2, tanhf(S(i, j) * cap_in), -lse2[j]));
+          }
+        } else {
+          CUTE_UNROLL
+          for (int i = 0; i < kRows; ++i) {
+            CUTE_UNROLL
+            for (int j = 0; j < kCols; ++j)
+              S(i, j) = detail::exp2_approx(fmaf(S(i, j), su, -lse2[j]));
+          }
         }
         if (!full) mask(S);
         warpgroup_wait<0>();  // dP^T
@@ -459,6 +482,20 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
           CUTE_UNROLL
           for (int j = 0; j < kCols; ++j)
             dP(i, j) = S(i, j) * (dP(i, j) - s.delta[r.stage][get<1>(cS(i, j))]);
+        }
+        if (capped) {
+          // dl / d(scale * s) = 1 - t^2 with t = l / c, l recovered from P itself (log2 P + lse
+          // in log2 units): no register holds t across the dP^T wait. P = 0 (underflow or
+          // masked) keeps the factor 1, so that a NaN of dP^T still gives 0 * NaN.
+          CUTE_UNROLL
+          for (int i = 0; i < kRows; ++i) {
+            CUTE_UNROLL
+            for (int j = 0; j < kCols; ++j) {
+              const float pv = S(i, j);
+              const float t = (__log2f(pv) + s.lse2[r.stage][get<1>(cS(i, j))]) * cap_out;
+              dP(i, j) *= pv > 0.f ? 1.f - t * t : 1.f;
+            }
+          }
         }
         if (!full) mask(dP);
         CUTE_UNROLL
@@ -490,10 +527,15 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
         ++dq_blocks;
         detail::named_sync(kBarDsFull, kPair);
         {
-          Tensor tdQrdS = thr_dq.partition_fragment_A(make_tensor(opaque(s.ds), typename C::LayoutDS{}));
+          // This warpgroup's keys of dS and K (D 64), or all 128 and its half of D.
+          constexpr bool kSplit = C::kDQSplitKeys;
+          Tensor tdQrdS = thr_dq.partition_fragment_A(
+              local_tile(make_tensor(opaque(s.ds), typename C::LayoutDS{}),
+                         Shape<typename C::BM, typename C::DQK>{}, make_coord(0, kSplit ? wg : 0)));
           Tensor tdQrK = thr_dq.partition_fragment_B(
               local_tile(make_tensor(opaque(s.k), typename C::LayoutKt{}),
-                         Shape<typename C::HD2, typename C::BN>{}, make_coord(wg, 0)));
+                         Shape<typename C::HD2, typename C::DQK>{},
+                         make_coord(kSplit ? 0 : wg, kSplit ? wg : 0)));
           detail::wg_gemm_issue(mma_dq, tdQrdS, tdQrK, tdQrdQ, true);
         }
         warpgroup_wait<0>();
@@ -570,11 +612,10 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
 }
 
 // The dq pass: dq = scale * accumulator (+ the given dq under accumulate) in dq's dtype. A CTA
-// per (64-row block, q head); each warpgroup reads its half of D back in the fragment order
-// the main kernel stored it in (the same MMA's partition of the same tile: exact by
-// construction).
+// per (64-row block, q head), a warpgroup per chunk, reading it back in the fragment order the
+// main kernel stored it in (the same MMA's partition of the same tile: exact by construction).
 template <class T, int kD>
-__global__ void __launch_bounds__(128 * BwdConfig<T, kD>::kWarpgroups)
+__global__ void __launch_bounds__(128 * BwdConfig<T, kD>::kDQChunks)
     ffa_bwd_dq_kernel(const __grid_constant__ BwdParams p) {
   using namespace cute;
   using C = BwdConfig<T, kD>;
@@ -584,7 +625,7 @@ __global__ void __launch_bounds__(128 * BwdConfig<T, kD>::kWarpgroups)
   Tensor c = mma.get_thread_slice(t).partition_C(
       make_identity_tensor(Shape<typename C::BM, typename C::HD2>{}));
   const float4* acc = reinterpret_cast<const float4*>(
-      p.dq_acc + ((std::int64_t(h) * (p.rows_pad / C::kBlockM) + blk) * C::kWarpgroups + wg) *
+      p.dq_acc + ((std::int64_t(h) * (p.rows_pad / C::kBlockM) + blk) * C::kDQChunks + wg) *
                      std::int64_t(C::kDQFloats));
   CUTE_UNROLL
   for (int v = 0; v < decltype(size(c))::value / 4; ++v) {
@@ -595,7 +636,7 @@ __global__ void __launch_bounds__(128 * BwdConfig<T, kD>::kWarpgroups)
       const std::int64_t row = std::int64_t(blk) * C::kBlockM + get<0>(c(4 * v + e));
       if (row >= p.num_q) continue;
       const std::int64_t at =
-          row * p.dq_row + std::int64_t(h) * p.dq_head + wg * (kD / C::kWarpgroups) + get<1>(c(4 * v + e));
+          row * p.dq_row + std::int64_t(h) * p.dq_head + wg * C::kDQCols + get<1>(c(4 * v + e));
       float y = p.scale * xs[e];
       if (p.accumulate) y += static_cast<const float*>(p.dq)[at];
       detail::store(p.dq, at, p.dq_type, y);

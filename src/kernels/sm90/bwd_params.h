@@ -24,14 +24,19 @@ constexpr int bwd_block_n(int) { return 128; }
 constexpr int bwd_block_m(int) { return 64; }
 
 // The fp32 dq accumulator holds, per q head and block of 64 rows (blocks on the grid of 64
-// rows), each consumer warpgroup's half of D as one chunk in the dQ product's fragment order
-// (element 4 v + e of thread t at float (v * 128 + t) * 4 + e): the main kernel adds a chunk
-// with one bulk reduction, the dq pass reads it back through the same partition.
-constexpr int bwd_dq_chunk(int head_dim) { return 64 * head_dim / 2; }
+// rows), 64 x D floats as chunks in the dQ product's fragment order (element 4 v + e of thread
+// t at float (v * 128 + t) * 4 + e): at D >= 128 each consumer warpgroup's half of D is a chunk;
+// at D 64 the warpgroups' products each cover all of D over their own keys and both add into
+// the block's one chunk. The main kernel adds a chunk with one bulk reduction, the dq pass reads
+// it back through the same partition.
+constexpr bool bwd_dq_split_keys(int head_dim) { return head_dim < 128; }
+constexpr int bwd_dq_chunk(int head_dim) {
+  return bwd_dq_split_keys(head_dim) ? 64 * head_dim : 64 * head_dim / 2;
+}
 
 // The per-call workspace, 16-byte aligned pieces: the scheduler's counter, lse (log2 units)
 // and Delta as [Hq][rows_pad] fp32 (rows padded to whole query blocks, the padding lse +inf so
-// that P = 0 there), then the dq accumulator [Hq][rows_pad / 64][2][bwd_dq_chunk(D)].
+// that P = 0 there), then the dq accumulator [Hq][rows_pad / 64][64 * D] (above).
 struct BwdWorkspaceLayout {
   std::size_t lse_off = 16, delta_off = 0, dq_off = 0, bytes = 0;
   std::int64_t rows_pad = 0;
@@ -62,6 +67,7 @@ struct BwdParams {
   OutType dq_type = OutType::kBF16, dk_type = OutType::kBF16, dv_type = OutType::kBF16;
   std::int32_t num_q = 0, num_k = 0, heads_q = 0, heads_kv = 0;
   float scale = 0;          // softmax scale
+  float softcap = 0;        // logit cap c (0: none): l = c tanh(scale * q.k / c)
   bool accumulate = false;  // dq, dk, dv (fp32) hold partial gradients to add to
   bool dkv_pairs = false;   // dk's and dv's strides and pointers let two adjacent columns go as one store
   // Work list (key tiles, TileAxis::kKey) on the device and the scheduler's counter.
@@ -73,7 +79,7 @@ struct BwdParams {
   float* lse2 = nullptr;
   float* delta = nullptr;
   std::int64_t rows_pad = 0;
-  float* dq_acc = nullptr;  // [Hq][rows_pad / 64][2][bwd_dq_chunk(D)] (above)
+  float* dq_acc = nullptr;  // [Hq][rows_pad / 64][64 * D] in chunks (above)
 };
 
 }  // namespace magi::kernels::sm90
