@@ -42,6 +42,8 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--inner", type=int, default=3)
     ap.add_argument("--no-flex", action="store_true")
+    ap.add_argument("--deterministic", action="store_true",
+                    help="add a column of magiattn with deterministic=True")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to benchmark")
@@ -66,6 +68,9 @@ def main(argv=None) -> int:
                            for x in (mask.q_ranges(), mask.k_ranges(), mask.attn_type_map()))
             leaves = [x.detach().requires_grad_() for x in (q, k, v)]
             cols = {"magiattn": lambda: magiattn.flex_flash_attn_func(*leaves, *ranges)[0]}
+            if args.deterministic:
+                cols["magiattn det"] = lambda: magiattn.flex_flash_attn_func(
+                    *leaves, *ranges, deterministic=True)[0]
             if ffa is not None:
                 cols["FFA"] = lambda: ffa(*leaves, *ranges)[0]
             if dense_ok(name):

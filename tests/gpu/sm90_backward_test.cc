@@ -200,6 +200,31 @@ TEST(Sm90Backward, Softcap) {
   check_backward(masks::varlen_causal(prefix_sums({5, 300, 3, 200})), d64, 4, "softcap D 64");
 }
 
+TEST(Sm90Backward, DeterministicIsBitwiseRepeatable) {
+  // Overlapping q ranges (several tiles and pieces add into the same dq blocks), GQA, a
+  // document mask and both head dims: two runs bit for bit equal, and right.
+  REQUIRE_GPU();
+  const Mask overlap(700, 600,
+                     {Slice{{0, 700}, {0, 300}, MaskType::kFull},
+                      Slice{{0, 700}, {300, 600}, MaskType::kCausal},
+                      Slice{{100, 650}, {0, 200}, MaskType::kInvCausal}});
+  const Mask docs = masks::varlen_causal(prefix_sums({5, 300, 3, 200, 64, 129}));
+  for (std::int64_t d : {128, 64})
+    for (const Mask* mask : {&overlap, &docs}) {
+      Case c;
+      c.d = d;
+      c.hq = 8;
+      c.hkv = 2;
+      c.opts.deterministic = true;
+      if (!check_backward(*mask, c, 6, "deterministic")) continue;
+      const Problem p = make_problem(*mask, c, 6);
+      const BwdGot a = run_backward(*mask, p, c), b = run_backward(*mask, p, c);
+      EXPECT_EQ(a.dq, b.dq) << "dq, D " << d;
+      EXPECT_EQ(a.dk, b.dk) << "dk, D " << d;
+      EXPECT_EQ(a.dv, b.dv) << "dv, D " << d;
+    }
+}
+
 TEST(Sm90Backward, WhatIsNotBuiltYetIsAnError) {
   REQUIRE_GPU();
   const Mask mask = masks::causal(64, 64);

@@ -2,7 +2,7 @@
 // list (resident in a PreparedMask, or built and uploaded per call), lays out the per-call
 // workspace (cudaMallocAsync: NOT YET a caller's workspace), and queues the row pass, the main
 // kernel and the dq / dsink pass on the caller's stream. Work in progress: head dims 64 and
-// 128, no deterministic mode.
+// 128.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -130,7 +130,6 @@ void backward(const Mask& mask, const PreparedMask* prepared, const BwdArgs& a,
   MAGI_CHECK(launch.main != nullptr, "GPU backward: no kernel for q dtype ", dtype_name(a.q.dtype),
              " and head dim ", dm.head_dim, " (the sm90 backward has head dims 64 and 128 so far; "
              "forward kernels built: ", MAGI_SM90_FWD_BUILT, ")");
-  MAGI_CHECK(!r.deterministic, "GPU backward: deterministic mode is not supported yet");
   auto stream = reinterpret_cast<cudaStream_t>(stream_handle);
   const int device = a.q.device_idx;
   int current = -1;
@@ -158,6 +157,7 @@ void backward(const Mask& mask, const PreparedMask* prepared, const BwdArgs& a,
   p.scale = float(r.scale);
   p.softcap = float(r.softcap);
   p.accumulate = r.accumulate;
+  p.deterministic = r.deterministic;
   const auto pairs = [](const TensorView& t) {
     return t.stride[0] % 2 == 0 && t.stride[1] % 2 == 0 &&
            reinterpret_cast<std::uintptr_t>(t.data) % (2 * dtype_size(t.dtype)) == 0;
@@ -174,6 +174,7 @@ void backward(const Mask& mask, const PreparedMask* prepared, const BwdArgs& a,
     const DeviceWork& work =
         device_work(*prepared, device, bwd_block_m(d), bwd_block_n(d), TileAxis::kKey);
     p.tiles = work.tiles(), p.pieces = work.pieces(), p.num_tiles = work.num_tiles();
+    p.tickets = work.tickets();
   } else {
     img = work_image(mask, bwd_block_m(d), bwd_block_n(d), TileAxis::kKey, false);
     p.num_tiles = img.num_tiles;
@@ -189,15 +190,17 @@ void backward(const Mask& mask, const PreparedMask* prepared, const BwdArgs& a,
                     "work list upload");
     p.tiles = reinterpret_cast<const Tile*>(base + image_off);
     p.pieces = reinterpret_cast<const Piece*>(base + image_off + img.pieces_off);
+    p.tickets = reinterpret_cast<const std::int32_t*>(base + image_off + img.tickets_off);
   }
   p.counter = reinterpret_cast<std::int32_t*>(base);
   p.lse2 = reinterpret_cast<float*>(base + ws.lse_off);
   p.delta = reinterpret_cast<float*>(base + ws.delta_off);
   p.rows_pad = ws.rows_pad;
   p.dq_acc = reinterpret_cast<float*>(base + ws.dq_off);
+  p.turns = reinterpret_cast<std::int32_t*>(base + ws.turns_off);
   MAGI_CUDA_CHECK(cudaMemsetAsync(base, 0, 16, stream), "counter zeroing");
   MAGI_CUDA_CHECK(cudaMemsetAsync(p.dq_acc, 0, ws.bytes - ws.dq_off, stream),
-                  "dq accumulator zeroing");
+                  "dq accumulator and turn counters zeroing");
 
   const RowsArgs ra{out_type(a.out.dtype, "out"), out_type(a.dout.dtype, "dout"),
                     std::int32_t(d)};

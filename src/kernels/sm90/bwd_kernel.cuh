@@ -25,7 +25,11 @@
 // Masking: a block whose corners the piece does not cover gets P = dS = 0 on the cells it does
 // not see (set, not multiplied: a NaN in K or V there must not leak). NOT YET: the forward's
 // NaN/inf rule for rows of Q and dO inside a block but outside its piece (a NaN there reaches
-// dK / dV through the 0 of dS / P; docs/numerics.md), deterministic mode.
+// dK / dV through the 0 of dS / P; docs/numerics.md).
+//
+// Deterministic mode: dK and dV have one owner and dsink sums in a fixed order already; each
+// block's dQ chunk is added in its ticket's turn (device_work.h), so the fp32 sums run in the
+// same order on every call.
 #pragma once
 
 #include "tma_encode.h"  // first: before CUTLASS sees the driver call
@@ -56,12 +60,13 @@ struct BwdBlockInfo {
   int qb;    // first query row of the block
   int head;  // q head
   int last;  // the item's last block
+  int ticket;  // deterministic mode: the block's dq turn (bwd_params.h)
 };
 
 // One staged dQ block as the consumers hand it to the dQ writer: rows qb .. qb + 63 (qb a
 // multiple of 64) of q head `head` (head -1: no more blocks).
 struct DqJob {
-  int qb, head;
+  int qb, head, ticket;
 };
 
 // dst[i] += src[i] for bytes / 4 floats, src in shared memory (a bulk copy: completes
@@ -85,6 +90,28 @@ __device__ inline void st_shared(unsigned addr, float x, float y, float z, float
   asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "f"(x), "f"(y), "f"(z),
                "f"(w)
                : "memory");
+}
+// Deterministic mode: wait until the block's turn counter reaches `ticket` (acquire), ordered
+// before the async proxy's reductions that follow. The scheduler makes the wait finite (an
+// earlier contribution belongs to an earlier item, already taken by a running CTA); a counter
+// that never arrives (a broken work image) traps after about half a minute instead of hanging.
+__device__ inline void wait_turn(const int* turn, int ticket) {
+  unsigned ns = 32;
+  for (long long spins = 0;; ++spins) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(turn) : "memory");
+    if (v == ticket) break;
+    if (spins > (1ll << 25)) __trap();
+    __nanosleep(ns);
+    ns = ns < 1024 ? ns * 2 : ns;
+  }
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+}
+// The block's reductions complete: the next turn (release).
+__device__ inline void pass_turn(int* turn) {
+  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+  asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(turn) : "memory");
 }
 __device__ inline void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
 
@@ -245,13 +272,23 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
         Barrier::wait(&s.dq_full[d.stage], d.phase);
         const detail::DqJob job = s.dq_job[d.stage];
         if (job.head < 0) break;
-        float* dst = p.dq_acc + (std::int64_t(job.head) * q_blocks + job.qb / kBM) *
-                                    C::kDQChunks * std::int64_t(C::kDQFloats);
-        for (int w = 0; w < C::kWarpgroups; ++w)
+        const std::int64_t chunk = std::int64_t(job.head) * q_blocks + job.qb / kBM;
+        float* dst = p.dq_acc + chunk * C::kDQChunks * std::int64_t(C::kDQFloats);
+        if (p.deterministic) detail::wait_turn(p.turns + chunk, job.ticket);
+        for (int w = 0; w < C::kWarpgroups; ++w) {
           detail::bulk_reduce_add(dst + (C::kDQSplitKeys ? 0 : w * C::kDQFloats), s.dq[d.stage][w],
                                   C::kDQFloats * int(sizeof(float)));
+          // At D 64 both halves add into one chunk: in a fixed order when deterministic.
+          if (C::kDQSplitKeys && p.deterministic && w + 1 < C::kWarpgroups) {
+            detail::bulk_commit();
+            detail::bulk_wait_all();
+          }
+        }
         detail::bulk_commit();
-        detail::bulk_wait_read();
+        if (p.deterministic)
+          detail::pass_turn(p.turns + chunk);
+        else
+          detail::bulk_wait_read();
         Barrier::arrive(&s.dq_empty[d.stage]);
       }
       detail::bulk_wait_all();
@@ -319,7 +356,9 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
             s.delta[r.stage][lane + 32] = dl[lane + 32];
             if (lane == 0) {
               const bool last = hh == group - 1 && pi == tile.piece_end - 1 && qb + kBM >= pc.q1;
-              s.info[r.stage] = detail::BwdBlockInfo{pc, qb, h, last ? 1 : 0};
+              const int ticket =
+                  p.deterministic ? p.tickets[p.tickets[pi] + qb / kBM - pc.q0 / kBM] : 0;
+              s.info[r.stage] = detail::BwdBlockInfo{pc, qb, h, last ? 1 : 0, ticket};
             }
             __syncwarp();  // the lanes' writes before lane 0's arrive (release)
             if (lane == 0) {
@@ -407,7 +446,7 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
       // No more blocks: the dQ writer stops.
       const detail::Ring d = detail::ring<2>(dq_blocks);
       Barrier::wait(&s.dq_empty[d.stage], d.phase ^ 1);
-      if (ctid == 0) s.dq_job[d.stage] = detail::DqJob{0, -1};
+      if (ctid == 0) s.dq_job[d.stage] = detail::DqJob{0, -1, 0};
       Barrier::arrive(&s.dq_full[d.stage]);
       break;
     }
@@ -555,7 +594,7 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
           for (int v = 0; v < decltype(size(tdQrdQ))::value / 4; ++v)
             detail::st_shared(buf + 16u * unsigned(v * 128 + wtid), tdQrdQ(4 * v),
                               tdQrdQ(4 * v + 1), tdQrdQ(4 * v + 2), tdQrdQ(4 * v + 3));
-          if (ctid == 0) s.dq_job[dq_stage] = detail::DqJob{bi.qb, bi.head};
+          if (ctid == 0) s.dq_job[dq_stage] = detail::DqJob{bi.qb, bi.head, bi.ticket};
           cutlass::arch::fence_view_async_shared();  // generic stores before the bulk reads
           Barrier::arrive(&s.dq_full[dq_stage]);
         }

@@ -36,9 +36,10 @@ constexpr int bwd_dq_chunk(int head_dim) {
 
 // The per-call workspace, 16-byte aligned pieces: the scheduler's counter, lse (log2 units)
 // and Delta as [Hq][rows_pad] fp32 (rows padded to whole query blocks, the padding lse +inf so
-// that P = 0 there), then the dq accumulator [Hq][rows_pad / 64][64 * D] (above).
+// that P = 0 there), then the dq accumulator [Hq][rows_pad / 64][64 * D] (above), then the
+// deterministic mode's int32 turn counters [Hq][rows_pad / 64] (zeroed with the accumulator).
 struct BwdWorkspaceLayout {
-  std::size_t lse_off = 16, delta_off = 0, dq_off = 0, bytes = 0;
+  std::size_t lse_off = 16, delta_off = 0, dq_off = 0, turns_off = 0, bytes = 0;
   std::int64_t rows_pad = 0;
 };
 constexpr BwdWorkspaceLayout bwd_workspace_layout(std::int64_t num_q, std::int64_t heads_q,
@@ -48,7 +49,8 @@ constexpr BwdWorkspaceLayout bwd_workspace_layout(std::int64_t num_q, std::int64
   const std::size_t rows = std::size_t(l.rows_pad) * std::size_t(heads_q) * 4;
   l.delta_off = l.lse_off + (rows + 15) / 16 * 16;
   l.dq_off = l.delta_off + (rows + 15) / 16 * 16;
-  l.bytes = l.dq_off + rows * std::size_t(head_dim);
+  l.turns_off = l.dq_off + rows * std::size_t(head_dim);
+  l.bytes = l.turns_off + std::size_t(l.rows_pad / 64) * std::size_t(heads_q) * 4;
   return l;
 }
 
@@ -70,6 +72,11 @@ struct BwdParams {
   float softcap = 0;        // logit cap c (0: none): l = c tanh(scale * q.k / c)
   bool accumulate = false;  // dq, dk, dv (fp32) hold partial gradients to add to
   bool dkv_pairs = false;   // dk's and dv's strides and pointers let two adjacent columns go as one store
+  // Deterministic mode: each block's dq chunk is added in a fixed order, its turn (a ticket of
+  // the work image, device_work.h) awaited on the block's counter.
+  bool deterministic = false;
+  const std::int32_t* tickets = nullptr;
+  std::int32_t* turns = nullptr;  // [Hq][rows_pad / 64]
   // Work list (key tiles, TileAxis::kKey) on the device and the scheduler's counter.
   const Tile* tiles = nullptr;
   const Piece* pieces = nullptr;

@@ -45,11 +45,28 @@ WorkImage work_image(const Mask& mask, std::int32_t block_m, std::int32_t block_
       slices.insert(slices.end(), {std::int32_t(sl.q_range.start), std::int32_t(sl.q_range.end),
                                    std::int32_t(sl.k_range.start), std::int32_t(sl.k_range.end),
                                    std::int32_t(sl.type)});
-  img.bytes.assign(img.slices_off + slices.size() * sizeof(std::int32_t), 0);
+  std::vector<std::int32_t> tickets;
+  if (axis == TileAxis::kKey) {
+    tickets.resize(w.pieces.size());
+    std::vector<std::int32_t> before(std::size_t((mask.total_seqlen_q() + block_m - 1) / block_m));
+    for (const Tile& t : w.tiles)
+      for (std::int32_t pi = t.piece_begin; pi < t.piece_end; ++pi) {
+        const Piece& pc = w.pieces[std::size_t(pi)];
+        tickets[std::size_t(pi)] = std::int32_t(tickets.size());
+        for (std::int32_t b = pc.q0 / block_m; b * block_m < pc.q1; ++b)
+          tickets.push_back(before[std::size_t(b)]++);
+      }
+    MAGI_CHECK(tickets.size() < (std::size_t(1) << 31), "GPU work list: ", tickets.size(),
+               " deterministic tickets exceed the 32-bit index range");
+  }
+  img.tickets_off = align16(img.slices_off + slices.size() * sizeof(std::int32_t));
+  img.bytes.assign(img.tickets_off + tickets.size() * sizeof(std::int32_t), 0);
   std::memcpy(img.bytes.data(), w.tiles.data(), tiles_bytes);
   std::memcpy(img.bytes.data() + img.pieces_off, w.pieces.data(), w.pieces.size() * sizeof(Piece));
   std::memcpy(img.bytes.data() + img.slices_off, slices.data(),
               slices.size() * sizeof(std::int32_t));
+  std::memcpy(img.bytes.data() + img.tickets_off, tickets.data(),
+              tickets.size() * sizeof(std::int32_t));
   img.num_tiles = std::int32_t(w.tiles.size());
   return img;
 }
@@ -60,6 +77,7 @@ DeviceWork::DeviceWork(const Mask& mask, int device, std::int32_t block_m, std::
   num_tiles_ = img.num_tiles;
   slices_off_ = img.slices_off;
   pieces_off_ = img.pieces_off;
+  tickets_off_ = img.tickets_off;
   bytes_ = std::max<std::size_t>(img.bytes.size(), 16);
   RelaxedCapture relaxed;
   MAGI_CUDA_CHECK(cudaMalloc(&dev_, bytes_), "prepared work list allocation");

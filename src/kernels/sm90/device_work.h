@@ -14,10 +14,14 @@
 
 namespace magi::kernels::sm90 {
 
-// Tiles, then pieces, then the slices as int32 (q0, q1, k0, k1, type), 16-byte aligned parts.
+// Tiles, then pieces, then the slices as int32 (q0, q1, k0, k1, type), then for key tiles the
+// deterministic backward's tickets, 16-byte aligned parts. Tickets (int32): entry i < pieces
+// is the index of piece i's first ticket; each piece has one per query block it meets on the
+// grid of block_m rows, the number of contributions to that block's dq before it, in the
+// order the kernel's scheduler hands tiles out (tiles in list order, pieces in tile order).
 struct WorkImage {
   std::vector<unsigned char> bytes;
-  std::size_t pieces_off = 0, slices_off = 0;
+  std::size_t pieces_off = 0, slices_off = 0, tickets_off = 0;
   std::int32_t num_tiles = 0;
 };
 
@@ -42,10 +46,14 @@ class DeviceWork final : public PreparedState {
     return reinterpret_cast<const std::int32_t*>(static_cast<const unsigned char*>(dev_) +
                                                  slices_off_);
   }
+  const std::int32_t* tickets() const {
+    return reinterpret_cast<const std::int32_t*>(static_cast<const unsigned char*>(dev_) +
+                                                 tickets_off_);
+  }
 
  private:
   void* dev_ = nullptr;
-  std::size_t bytes_ = 0, pieces_off_ = 0, slices_off_ = 0;
+  std::size_t bytes_ = 0, pieces_off_ = 0, slices_off_ = 0, tickets_off_ = 0;
   std::int32_t num_tiles_ = 0;
 };
 
