@@ -134,8 +134,8 @@ struct BwdConfig {
   static constexpr int kDQFloats = bwd_dq_chunk(kD);
   static_assert(kDQFloats == kBlockM * kDQCols && kDQFloats * kDQChunks == kBlockM * kD &&
                 kDQFloats % (4 * 128) == 0);
-  // dK, dV (64 keys x D fp32: 128 registers), S^T and dP^T (32 each), P^T and dS^T in bf16;
-  // the producer keeps 40 (its walk spilled heavily at 24).
+  // dK, dV (64 keys x D fp32: 128 registers at D 128), S^T and dP^T (32 each), P^T and dS^T
+  // in bf16: at 232 ptxas serialized every wgmma (C7512); the producer's walk spills at 24.
   static constexpr int kProducerRegs = 24, kConsumerRegs = 240;
   static_assert(kProducerRegs * 128 + kConsumerRegs * kConsumerThreads <=
                 65536 / kThreads / 8 * 8 * kThreads);
