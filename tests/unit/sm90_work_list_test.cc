@@ -128,6 +128,54 @@ TEST(Sm90WorkList, KeyTilesCarryTheRowsThatSeeThem) {
   EXPECT_EQ(h.tiles[2].piece_begin, h.tiles[2].piece_end);
 }
 
+// The deterministic backward's tickets against a replay of the scheduler's order: each (piece,
+// query block) gets the number of contributions to its block visited before it, so every
+// block's tickets are 0, 1, ... in that order and the dq sums run in one order.
+void expect_tickets(const Mask& mask, std::int32_t bm, std::int32_t bn, const std::string& what) {
+  SCOPED_TRACE(what);
+  const WorkList w = make_work_list(mask, bm, bn, TileAxis::kKey);
+  const std::vector<std::int32_t> t = dq_tickets(w, mask.total_seqlen_q());
+  ASSERT_GE(t.size(), w.pieces.size());
+  std::vector<std::int32_t> seen(std::size_t((mask.total_seqlen_q() + bm - 1) / bm), 0);
+  std::size_t next = w.pieces.size();  // tickets are laid out in the scheduler's order too
+  for (const Tile& tile : w.tiles)
+    for (std::int32_t pi = tile.piece_begin; pi < tile.piece_end; ++pi) {
+      const Piece& pc = w.pieces[std::size_t(pi)];
+      ASSERT_EQ(std::size_t(t[std::size_t(pi)]), next) << "piece " << pi;
+      for (std::int32_t b = pc.q0 / bm; b * bm < pc.q1; ++b, ++next) {
+        ASSERT_LT(next, t.size());
+        EXPECT_EQ(t[next], seen[std::size_t(b)]++) << "piece " << pi << ", block " << b;
+      }
+    }
+  EXPECT_EQ(next, t.size());
+  EXPECT_TRUE(dq_tickets(make_work_list(mask, bm, bn, TileAxis::kQuery), 0).empty());
+}
+
+TEST(Sm90WorkList, DeterministicTicketsFollowTheSchedulersOrder) {
+  // Overlapping q ranges (several pieces of one tile meet a block), pieces off the block grid.
+  const Mask overlap(300, 300, {Slice{{0, 300}, {0, 100}, MaskType::kFull},
+                                Slice{{50, 250}, {100, 300}, MaskType::kCausal},
+                                Slice{{250, 300}, {100, 300}, MaskType::kInvCausal}});
+  expect_tickets(overlap, 64, 128, "overlapping q ranges");
+  expect_tickets(masks::causal(1000, 1000), 64, 128, "causal");
+  const std::vector<std::int64_t> cu{0, 5, 70, 71, 200};
+  expect_tickets(masks::varlen_causal(cu), 64, 128, "varlen causal");
+  const std::uint64_t seed = testing::test_seed();
+  std::mt19937_64 rng(seed ^ 0x71c);
+  for (int c = 0; c < 20; ++c) {
+    const std::int64_t nq = 1 + std::int64_t(rng() % 400), nk = 1 + std::int64_t(rng() % 400);
+    expect_tickets(testing::random_mask(rng, nq, nk, 8), 64, 128,
+                   testing::seed_note(seed) + " case " + std::to_string(c));
+  }
+  // One full 200 x 300 slice: three key tiles (equal weights keep their order), each meeting
+  // the four query blocks: the second tile's tickets are all 1.
+  const WorkList w = make_work_list(masks::full(200, 300), 64, 128, TileAxis::kKey);
+  const std::vector<std::int32_t> t = dq_tickets(w, 200);
+  ASSERT_EQ(w.pieces.size(), 3u);
+  EXPECT_EQ(t.size(), 3u + 4u * 3u);
+  EXPECT_EQ(t[std::size_t(t[std::size_t(w.tiles[1].piece_begin)])], 1);
+}
+
 TEST(Sm90WorkList, RejectsBadBlocksAndHugeSequences) {
   const Mask mask = masks::causal(8, 8);
   EXPECT_THROW(make_work_list(mask, 0, 64), magi::Error);

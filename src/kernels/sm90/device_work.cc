@@ -45,20 +45,7 @@ WorkImage work_image(const Mask& mask, std::int32_t block_m, std::int32_t block_
       slices.insert(slices.end(), {std::int32_t(sl.q_range.start), std::int32_t(sl.q_range.end),
                                    std::int32_t(sl.k_range.start), std::int32_t(sl.k_range.end),
                                    std::int32_t(sl.type)});
-  std::vector<std::int32_t> tickets;
-  if (axis == TileAxis::kKey) {
-    tickets.resize(w.pieces.size());
-    std::vector<std::int32_t> before(std::size_t((mask.total_seqlen_q() + block_m - 1) / block_m));
-    for (const Tile& t : w.tiles)
-      for (std::int32_t pi = t.piece_begin; pi < t.piece_end; ++pi) {
-        const Piece& pc = w.pieces[std::size_t(pi)];
-        tickets[std::size_t(pi)] = std::int32_t(tickets.size());
-        for (std::int32_t b = pc.q0 / block_m; b * block_m < pc.q1; ++b)
-          tickets.push_back(before[std::size_t(b)]++);
-      }
-    MAGI_CHECK(tickets.size() < (std::size_t(1) << 31), "GPU work list: ", tickets.size(),
-               " deterministic tickets exceed the 32-bit index range");
-  }
+  const std::vector<std::int32_t> tickets = dq_tickets(w, mask.total_seqlen_q());
   img.tickets_off = align16(img.slices_off + slices.size() * sizeof(std::int32_t));
   img.bytes.assign(img.tickets_off + tickets.size() * sizeof(std::int32_t), 0);
   std::memcpy(img.bytes.data(), w.tiles.data(), tiles_bytes);

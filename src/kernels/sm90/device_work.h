@@ -15,10 +15,7 @@
 namespace magi::kernels::sm90 {
 
 // Tiles, then pieces, then the slices as int32 (q0, q1, k0, k1, type), then for key tiles the
-// deterministic backward's tickets, 16-byte aligned parts. Tickets (int32): entry i < pieces
-// is the index of piece i's first ticket; each piece has one per query block it meets on the
-// grid of block_m rows, the number of contributions to that block's dq before it, in the
-// order the kernel's scheduler hands tiles out (tiles in list order, pieces in tile order).
+// deterministic backward's tickets (dq_tickets, work_list.h), 16-byte aligned parts.
 struct WorkImage {
   std::vector<unsigned char> bytes;
   std::size_t pieces_off = 0, slices_off = 0, tickets_off = 0;

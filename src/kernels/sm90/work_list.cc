@@ -65,4 +65,22 @@ WorkList make_work_list(const Mask& mask, std::int32_t block_m, std::int32_t blo
   return w;
 }
 
+std::vector<std::int32_t> dq_tickets(const WorkList& w, std::int64_t num_q) {
+  if (w.axis != TileAxis::kKey) return {};
+  std::vector<std::int32_t> tickets(w.pieces.size());
+  std::vector<std::int32_t> before(std::size_t((num_q + w.block_m - 1) / w.block_m));
+  for (const Tile& t : w.tiles)
+    for (std::int32_t pi = t.piece_begin; pi < t.piece_end; ++pi) {
+      const Piece& pc = w.pieces[std::size_t(pi)];
+      MAGI_CHECK(tickets.size() < (std::size_t(1) << 31), "GPU work list: more than 2^31 "
+                 "deterministic tickets");
+      tickets[std::size_t(pi)] = std::int32_t(tickets.size());
+      for (std::int32_t b = pc.q0 / w.block_m; b * w.block_m < pc.q1; ++b)
+        tickets.push_back(before[std::size_t(b)]++);
+    }
+  MAGI_CHECK(tickets.size() < (std::size_t(1) << 31), "GPU work list: more than 2^31 "
+             "deterministic tickets");
+  return tickets;
+}
+
 }  // namespace magi::kernels::sm90

@@ -49,6 +49,13 @@ struct WorkList {
 
 inline constexpr std::int32_t kBandClamp = 1 << 30;
 
+// The deterministic backward's dq tickets of a key-tile work list: entry i < pieces.size() is
+// the index of piece i's first ticket; a piece has one per query block of block_m rows it meets
+// (on the grid of block_m rows, from q0 / block_m), the number of earlier contributions to
+// that block in the order the kernel's scheduler hands the work out (tiles in list order, then
+// pieces in tile order). Empty for a query-tile list. Throws past the 32-bit index range.
+std::vector<std::int32_t> dq_tickets(const WorkList& w, std::int64_t num_q);
+
 // Throws when the sequence lengths do not fit the 32-bit indices the kernels use.
 WorkList make_work_list(const Mask& mask, std::int32_t block_m, std::int32_t block_n,
                         TileAxis axis = TileAxis::kQuery);
