@@ -1,7 +1,8 @@
 // FFA backward on Hopper (sm90a), the main kernel (bwd_params.h has the three launches): one
 // persistent CTA per SM pulls (key tile, kv head) items from a global counter (key tiles heavy
 // first, work_list.h, TileAxis::kKey) and, for every q head of the kv head's group and every
-// query block of 64 rows of each of the tile's pieces, recomputes P and accumulates
+// query block (64 rows, on the grid of 64) of each of the tile's pieces, recomputes P and
+// accumulates
 //   dV += P^T dO,  dK += dS^T Q,  dQ += dS K  (dS = P * (dP - Delta), dP = dO V^T),
 // FlashAttention-3's order (one CTA per key block iterating over query blocks). dK and dV stay
 // in registers for the whole item and are written once by their owner (no races, also for
@@ -17,8 +18,9 @@
 //   dq_acc, which holds each block in the dQ product's fragment order: bwd_params.h);
 // - two consumer warpgroups own 64 keys each of the 128-key tile: per block, S^T = K Q^T and
 //   dP^T = V dO^T (keys in rows: P^T and dS^T are then the A operands of the dV and dK
-//   products straight from registers), and each computes half of D of dQ = dS K from dS
-//   staged in shared memory by both.
+//   products straight from registers), and each computes half of D of dQ = dS K (at D 64: all
+//   of D over its own 64 keys) from dS staged in shared memory by both. Softcap is a template
+//   flag (kCapped).
 // Correctness first: no intra-warpgroup overlap of softmax and products, no ping-pong between
 // the warpgroups yet (the forward's schedule is the model for both).
 //
@@ -28,8 +30,8 @@
 // dK / dV through the 0 of dS / P; docs/numerics.md).
 //
 // Deterministic mode: dK and dV have one owner and dsink sums in a fixed order already; each
-// block's dQ chunk is added in its ticket's turn (device_work.h), so the fp32 sums run in the
-// same order on every call.
+// block's dQ chunk is added in its ticket's turn (dq_tickets, work_list.h), so the fp32 sums
+// run in the same order on every call.
 #pragma once
 
 #include "tma_encode.h"  // first: before CUTLASS sees the driver call

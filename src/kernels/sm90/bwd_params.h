@@ -3,7 +3,8 @@
 //
 // The backward runs in three launches on the caller's stream (backward.cu):
 // 1. bwd_rows: per (query row, q head) Delta = rowsum(out * dout) and lse in log2 units, into
-//    head-major fp32 rows of the workspace; zeroes the fp32 dq accumulator.
+//    head-major fp32 rows of the workspace (a memset before it zeroes the dq accumulator and
+//    the turn counters).
 // 2. the main kernel (bwd_kernel.cuh): one CTA per (key tile, kv head) item, over every q head
 //    of the group and every query block of the tile's pieces; dK, dV in registers, written
 //    once by their owner; dQ added into the fp32 accumulator with bulk reductions.
