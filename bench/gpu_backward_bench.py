@@ -1,5 +1,6 @@
-"""Backward on one GPU, side by side: magiattn (the sm90 backward) vs SDPA cuDNN, FlexAttention
-and MagiAttention's FFA (when `.peer` is set up: its README) on the same inputs.
+"""Backward on one GPU, side by side: magiattn (the sm90 backward; --deterministic adds its
+deterministic mode) vs SDPA cuDNN, SDPA flash (FA2), FlexAttention and MagiAttention's FFA
+(when `.peer` is set up: its README) on the same inputs. A column that fails says why.
 
     python3 bench/gpu_backward_bench.py                         # SPEC masks at 16k
     python3 bench/gpu_backward_bench.py --seqlens 8192 32768 --masks full causal --no-flex
@@ -77,12 +78,14 @@ def main(argv=None) -> int:
                 qt, kt, vt = (x.transpose(0, 1).unsqueeze(0) for x in leaves)
                 causal = name == "causal"
 
-                def cudnn():
-                    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                        o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal,
-                                                           enable_gqa=hq != hkv)
-                    return o[0].transpose(0, 1)
-                cols["cuDNN"] = cudnn
+                for label, backend in (("cuDNN", SDPBackend.CUDNN_ATTENTION),
+                                       ("FA2", SDPBackend.FLASH_ATTENTION)):
+                    def sdpa(backend=backend):
+                        with sdpa_kernel(backend):
+                            o = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal,
+                                                               enable_gqa=hq != hkv)
+                        return o[0].transpose(0, 1)
+                    cols[label] = sdpa
             if not args.no_flex:
                 try:
                     torch._dynamo.reset()
