@@ -50,6 +50,7 @@ defines=(-Cbuild-dir=build/release
          -Ccmake.define.MAGI_BUILD_TESTS="$tests"
          -Ccmake.define.MAGI_BUILD_BENCH="$tests"
          -Ccmake.define.MAGI_CUDA_KERNELS="$MAGI_CUDA_KERNELS"
+         -Ccmake.define.MAGI_WGMMA_GUARD="${MAGI_WGMMA_GUARD:-warn}"
          # Built where it runs: for this CPU (a plain pip install is portable, pyproject.toml).
          -Ccmake.define.MAGI_CPU_ARCH="${MAGI_CPU_ARCH:-native}")
 [ -n "${MAGI_CUTLASS_DIR:-}" ] && defines+=(-Ccmake.define.MAGI_CUTLASS_DIR="$MAGI_CUTLASS_DIR")
