@@ -93,6 +93,7 @@ __device__ inline void st_shared(unsigned addr, float x, float y, float z, float
                "f"(w)
                : "memory");
 }
+__device__ inline void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
 // Deterministic mode: wait until the block's turn counter reaches `ticket` (acquire), ordered
 // before the async proxy's reductions that follow. The scheduler makes the wait finite (an
 // earlier contribution belongs to an earlier item, already taken by a running CTA); a counter
@@ -111,11 +112,10 @@ __device__ inline void wait_turn(const int* turn, int ticket) {
 }
 // The block's reductions complete: the next turn (release).
 __device__ inline void pass_turn(int* turn) {
-  asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+  bulk_wait_all();
   asm volatile("fence.proxy.async.global;" ::: "memory");
   asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(turn) : "memory");
 }
-__device__ inline void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
 
 }  // namespace detail
 
