@@ -132,9 +132,7 @@ void backward(const Mask& mask, const PreparedMask* prepared, const BwdArgs& a,
              "forward kernels built: ", MAGI_SM90_FWD_BUILT, ")");
   auto stream = reinterpret_cast<cudaStream_t>(stream_handle);
   const int device = a.q.device_idx;
-  int current = -1;
-  MAGI_CUDA_CHECK(cudaGetDevice(&current), "cudaGetDevice");
-  if (current != device) MAGI_CUDA_CHECK(cudaSetDevice(device), "cudaSetDevice");
+  use_device(device, "GPU backward");
 
   BwdParams p;
   p.q = a.q.data, p.k = a.k.data, p.v = a.v.data, p.out = a.out.data, p.dout = a.dout.data;

@@ -311,9 +311,7 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
     Tensor mV = kp.tma_v.get_tma_tensor(make_shape(p.num_k, kD, p.heads_kv));
     auto tma_load = [&](const auto& tma, const auto& m, int row0, int head, auto dst,
                         cute::uint64_t& full) {
-      copy(tma.with(full),
-           tma.get_slice(0).partition_S(local_tile(domain_offset(make_coord(row0, 0), m(_, _, head)),
-                                                   product_each(shape(dst)), make_coord(0, 0))),
+      copy(tma.with(full), detail::tma_rows_source(tma, m, row0, head, product_each(shape(dst))),
            tma.get_slice(0).partition_D(dst));
     };
     constexpr unsigned kKVBytes = unsigned(cosize_v<typename C::LayoutKV> * sizeof(T));

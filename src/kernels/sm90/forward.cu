@@ -141,9 +141,7 @@ void forward(const Mask& mask, const PreparedMask* prepared, const FwdArgs& a, c
              "; configure with -DMAGI_CUDA_KERNELS=all for every variant)");
   auto stream = reinterpret_cast<cudaStream_t>(stream_handle);
   const int device = a.q.device_idx;
-  int current = -1;
-  MAGI_CUDA_CHECK(cudaGetDevice(&current), "cudaGetDevice");
-  if (current != device) MAGI_CUDA_CHECK(cudaSetDevice(device), "cudaSetDevice");
+  use_device(device, "GPU forward");
 
   FwdParams p;
   p.q = a.q.data, p.k = a.k.data, p.v = a.v.data, p.out = a.out.data;

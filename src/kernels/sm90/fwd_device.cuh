@@ -47,6 +47,15 @@ auto tma_rows(const T* ptr, int rows, int heads, std::int64_t row_stride, std::i
                        product_each(shape(smem)), _1{});
 }
 
+// The TMA source (tma's partition) of `rows` (a shape: rows x D) of head `head` of the tensor
+// m = tma.get_tma_tensor(...), from row row0 on (device side, both kernels' producers).
+template <class Tma, class M, class Rows>
+__device__ auto tma_rows_source(const Tma& tma, const M& m, int row0, int head, Rows rows) {
+  using namespace cute;
+  return tma.get_slice(0).partition_S(
+      local_tile(domain_offset(make_coord(row0, 0), m(_, _, head)), rows, make_coord(0, 0)));
+}
+
 // 2^x as one MUFU.EX2 (flushes results below 2^-126 to 0; exp2f adds a range test and two
 // predicated multiplies per element to produce denormals, which a probability never needs).
 __device__ inline float exp2_approx(float x) {

@@ -252,24 +252,20 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
     Tensor mQ = kp.tma_q.get_tma_tensor(make_shape(p.num_q, kD, p.heads_q));
     Tensor mK = kp.tma_k.get_tma_tensor(make_shape(std::max(p.num_k, 1), kD, p.heads_kv));
     Tensor mV = kp.tma_v.get_tma_tensor(make_shape(std::max(p.num_k, 1), kD, p.heads_kv));
-    // The TMA source of `rows` x D elements of one head from row0 on.
-    auto gmem_rows = [&](const auto& tma, const auto& m, int row0, int head, auto rows) {
-      return tma.get_slice(0).partition_S(local_tile(
-          domain_offset(make_coord(row0, 0), m(_, _, head)), rows, make_coord(0, 0)));
-    };
     // One TMA copy of the rows from row0 on of one head into dst (a Q tile or a K/V stage),
     // completing on `full` with dst's byte count.
     auto tma_load = [&](const auto& tma, const auto& m, int row0, int head, cute::uint64_t& full,
                         auto dst) {
       TxBarrier::arrive_and_expect_tx(&full, unsigned(size(dst) * sizeof(T)));
-      copy(tma.with(full), gmem_rows(tma, m, row0, head, product_each(shape(dst))),
+      copy(tma.with(full), detail::tma_rows_source(tma, m, row0, head, product_each(shape(dst))),
            tma.get_slice(0).partition_D(dst));
     };
     // The same rows, only into L2 (no shared memory, no barrier): K/V blocks a few steps
     // ahead of the ring, so a mask that reads scattered blocks (block-sparse, beyond L2)
     // does not wait on DRAM with only kStages loads in flight.
     auto l2_prefetch = [&](const auto& tma, const auto& m, int row0, int head) {
-      prefetch(tma, gmem_rows(tma, m, row0, head, Shape<typename C::BN, typename C::HD>{}));
+      prefetch(tma, detail::tma_rows_source(tma, m, row0, head,
+                                            Shape<typename C::BN, typename C::HD>{}));
     };
     int blk = 0;  // key blocks loaded so far (the ring position)
     for (int n = 0;; ++n) {

@@ -33,6 +33,14 @@ inline OutType out_type(DType t, const char* name) {
   }
 }
 
+// Makes `device` (the call's tensors' device) current for this thread's CUDA calls; `who`
+// names the caller in errors.
+inline void use_device(int device, const char* who) {
+  int current = -1;
+  MAGI_CUDA_CHECK_IN(who, cudaGetDevice(&current), "cudaGetDevice");
+  if (current != device) MAGI_CUDA_CHECK_IN(who, cudaSetDevice(device), "cudaSetDevice");
+}
+
 // Multiprocessors of a device, asked once per device.
 inline int sm_count(int device) {
   static std::array<std::atomic<int>, 64> known{};  // per device; 0: not asked yet
