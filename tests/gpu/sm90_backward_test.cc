@@ -233,6 +233,31 @@ TEST(Sm90Backward, DeterministicIsBitwiseRepeatable) {
     }
 }
 
+TEST(Sm90Backward, OneCtaOnAUserStream) {
+  // sm_margin larger than the SM count leaves one CTA for the backward and for its dq pass: it
+  // loops over every (k tile, head) item, reusing its rings, dS and dQ staging buffers from item
+  // to item; GQA, a sink and deterministic mode's tickets on the same CTA; the launches go to a
+  // user stream. scripts/gpu_test.sh runs this case under racecheck.
+  REQUIRE_GPU();
+  cudaStream_t stream = nullptr;
+  cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  std::mt19937_64 rng(61);
+  const Mask mask = testing::packed_documents(rng, 700);
+  for (std::int64_t d : {128, 64})
+    for (bool deterministic : {false, true}) {
+      Case c;
+      c.d = d;
+      c.hq = 4;
+      c.hkv = 2;
+      c.sink_len = 1;
+      c.opts.deterministic = deterministic;
+      c.opts.sm_margin = 1 << 20;
+      c.opts.cuda_stream = reinterpret_cast<std::uintptr_t>(stream);
+      check_backward(mask, c, 62, deterministic ? "one CTA, deterministic" : "one CTA");
+    }
+  cudaStreamDestroy(stream);
+}
+
 TEST(Sm90Backward, WhatIsNotBuiltYetIsAnError) {
   REQUIRE_GPU();
   const Mask mask = masks::causal(64, 64);
