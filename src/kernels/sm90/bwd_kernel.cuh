@@ -191,9 +191,7 @@ struct BwdConfig {
     alignas(1024) T v[cute::cosize_v<LayoutKV>];
     alignas(1024) T q[cute::cosize_v<LayoutQ>];
     alignas(1024) T dout[cute::cosize_v<LayoutQ>];
-    // dS in two buffers, by block parity: a block's stores never wait for the other
-    // warpgroup's dQ product of the previous block (only the next block's barrier does).
-    alignas(1024) T ds[2][cute::cosize_v<LayoutDS>];
+    alignas(1024) T ds[cute::cosize_v<LayoutDS>];
     float lse2[kStages][kBlockM], delta[kStages][kBlockM];
     detail::BwdBlockInfo info[kStages];
     alignas(8) cute::uint64_t kv_full, kv_empty;
@@ -433,11 +431,11 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
   const float cap2 = p.softcap * detail::kLog2e;
   const float cap_out = capped ? 1.f / cap2 : 0.f;
   constexpr int kPair = C::kConsumerThreads;
-  constexpr int kBarDsFull = 2;
+  constexpr int kBarDsFree = 1, kBarDsFull = 2;
   // dS (rows, keys) as the dQ product's A operand, and the dQ staging buffers' address: the
   // stores go as 32-bit shared addresses (through the generic pointers of a CuTe tensor they
   // were 64-bit addresses and 2-byte generic stores).
-  Tensor sdS = make_tensor(make_smem_ptr(s.ds[0]), typename C::LayoutDS{});
+  Tensor sdS = make_tensor(make_smem_ptr(s.ds), typename C::LayoutDS{});
   const unsigned dq_base = unsigned(__cvta_generic_to_shared(&s.dq[0][0][0]));
 
   int blk = 0, kv_uses = 0, dq_blocks = 0;
@@ -549,25 +547,23 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
                                     tdVrdV, false);
         detail::wg_gemm_issue<true>(mma_kv, tdSrdS, thr_kv.partition_fragment_B(stage_of(s.q, typename C::LayoutQt{}, r.stage)),
                                     tdKrdK, false);
-        // dS^T into shared memory as dS (rows, keys), buffer dq_stage, while dV and dK run
-        // (the stores only read the registers the products read too). That buffer's last
-        // readers, both warpgroups' dQ products two blocks ago, completed before either passed
-        // the previous block's barrier below.
+        // dS^T into shared memory as dS (rows, keys), once both warpgroups' dQ products of
+        // the previous block have completed, while dV and dK run (the stores only read the
+        // registers the products read too).
         Tensor dS = make_tensor(tdSrdS.data(), detail::rowcol(tdPrdP.layout()));
-        const int dq_stage = detail::ring<2>(dq_blocks).stage;
-        const unsigned ds_off = unsigned(dq_stage * sizeof(s.ds[0]));
+        detail::named_sync(kBarDsFree, kPair);
         CUTE_UNROLL
         for (int i = 0; i < kRows; ++i) {
           CUTE_UNROLL
           for (int j = 0; j < kCols; j += 2) {
             const int q = get<1>(cS(i, j)), k = kBW * wg + get<0>(cS(i, j));
-            detail::st_shared(
-                unsigned(__cvta_generic_to_shared(raw_pointer_cast(&sdS(q, k)))) + ds_off,
-                *reinterpret_cast<const unsigned*>(&dS(i, j)));
+            detail::st_shared(unsigned(__cvta_generic_to_shared(raw_pointer_cast(&sdS(q, k)))),
+                              *reinterpret_cast<const unsigned*>(&dS(i, j)));
           }
         }
         cutlass::arch::fence_view_async_shared();  // generic writes before the wgmma reads
         // The staging buffer of this block's dQ free.
+        const int dq_stage = detail::ring<2>(dq_blocks).stage;
         Barrier::wait(&s.dq_empty[dq_stage], detail::ring<2>(dq_blocks).phase ^ 1);
         ++dq_blocks;
         detail::named_sync(kBarDsFull, kPair);
@@ -575,7 +571,7 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
           // This warpgroup's keys of dS and K (D 64), or all 128 and its half of D.
           constexpr bool kSplit = C::kDQSplitKeys;
           Tensor tdQrdS = thr_dq.partition_fragment_A(
-              local_tile(make_tensor(opaque(s.ds[dq_stage]), typename C::LayoutDS{}),
+              local_tile(make_tensor(opaque(s.ds), typename C::LayoutDS{}),
                          Shape<typename C::BM, typename C::DQK>{}, make_coord(0, kSplit ? wg : 0)));
           Tensor tdQrK = thr_dq.partition_fragment_B(
               local_tile(make_tensor(opaque(s.k), typename C::LayoutKt{}),
