@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU test command (run it on the GPU machine): configure and build build/gpu with the sm90
 # kernels, run every CTest test labelled `gpu`, then, when compute-sanitizer is installed, run
-# a few small cases of the forward test under its memcheck, racecheck and synccheck tools, and
-# the prepared-mask test under memcheck and synccheck.
+# a few small cases of the forward and backward tests under its memcheck, synccheck and racecheck
+# tools, and the prepared-mask test under memcheck and synccheck.
 #
 #   MAGI_CUDA_KERNELS    all (default) | ci (bf16/D128 only: one CUDA translation unit)
 #   MAGI_CUTLASS_DIR     CUTLASS include dir; else the configure fetches the pinned wheel's
@@ -11,8 +11,9 @@
 #                        are found (that machine has no network: the caller provides them)
 #   MAGI_GPU_BUILD_DIR   build directory (default build/gpu)
 #   MAGI_GPU_CMAKE_ARGS  extra configure arguments (word-split)
-#   MAGI_SANITIZE_FILTER gtest filter for memcheck and synccheck (default: 3 small cases)
-#   MAGI_RACECHECK_FILTER gtest filter for racecheck (default: 2 small cases, one CTA among them)
+#   MAGI_SANITIZE_FILTER, MAGI_BWD_SANITIZE_FILTER  gtest filters for memcheck and synccheck
+#                        of the forward and backward tests (default: 3 small cases each)
+#   MAGI_RACECHECK_FILTER, MAGI_BWD_RACECHECK_FILTER  the same for racecheck (one-CTA cases)
 #   MAGI_SANITIZE_TIMEOUT seconds per sanitizer run (default 300; a timeout counts as a failure)
 # Exit status: non-zero when the build, a test or a sanitizer run fails.
 set -euo pipefail
@@ -54,40 +55,44 @@ nvidia-smi -L 2>/dev/null || echo "[gpu_test] nvidia-smi found no GPU: the gpu t
 status=0
 (cd "$build" && ctest -L gpu --output-on-failure) || status=1
 
-bin="$build/tests/gpu/sm90_forward_test"
-filter=${MAGI_SANITIZE_FILTER:-Sm90Forward.RowsThatSeeNothing:Sm90Forward.NanAndInfInUnseenRowsDoNotLeak:Sm90Forward.OnePersistentCtaOnAUserStream}
-# racecheck instruments every shared-memory access, so it gets small cases only: a full-grid
-# case with idle CTAs spinning on their barriers (RowsThatSeeNothing) did not finish in 240 s on
-# the H200; these two took seconds each (2026-11-30). The one-CTA case reuses Q and the rings
-# across many items at D 64 and D 128.
-race_filter=${MAGI_RACECHECK_FILTER:-Sm90Forward.NanAndInfInUnseenRowsDoNotLeak:Sm90Forward.OnePersistentCtaOnAUserStream}
-sanitize_timeout=${MAGI_SANITIZE_TIMEOUT:-300}  # seconds per tool: a slow one fails, never hangs
+# Small cases under compute-sanitizer. racecheck instruments every shared-memory access, so it
+# gets one-CTA cases only: a full-grid case with idle CTAs spinning on their barriers
+# (RowsThatSeeNothing) did not finish in 240 s on the H200; the one-CTA cases took seconds
+# (2026-11-30). They reuse Q (forward), the rings and the dS / dQ staging buffers (backward)
+# across many items, at D 64 and D 128.
+fwd_filter=${MAGI_SANITIZE_FILTER:-Sm90Forward.RowsThatSeeNothing:Sm90Forward.NanAndInfInUnseenRowsDoNotLeak:Sm90Forward.OnePersistentCtaOnAUserStream}
+fwd_race=${MAGI_RACECHECK_FILTER:-Sm90Forward.NanAndInfInUnseenRowsDoNotLeak:Sm90Forward.OnePersistentCtaOnAUserStream}
+bwd_filter=${MAGI_BWD_SANITIZE_FILTER:-Sm90Backward.DenseMasksWithLengthsNotMultipleOfTheTiles:Sm90Backward.DeterministicIsBitwiseRepeatable:Sm90Backward.OneCtaOnAUserStream}
+bwd_race=${MAGI_BWD_RACECHECK_FILTER:-Sm90Backward.OneCtaOnAUserStream}
+sanitize_timeout=${MAGI_SANITIZE_TIMEOUT:-300}  # seconds per run: a slow one fails, never hangs
+
+# sanitize TOOL BINARY [FILTER]: one compute-sanitizer run, a one-line summary, status=1 on error.
+sanitize() {
+  local tool=$1 bin=$2 filter=${3:-} rc=0
+  local log="$build/sanitizer_$(basename "$bin")_$tool.log"
+  local args=()
+  [ -n "$filter" ] && args=(--gtest_filter="$filter")
+  timeout "$sanitize_timeout" compute-sanitizer --tool "$tool" --error-exitcode 99 \
+    "$build/tests/gpu/$bin" "${args[@]}" >"$log" 2>&1 || rc=$?
+  [ "$rc" -eq 124 ] && echo "[gpu_test] $tool timed out after ${sanitize_timeout} s" >>"$log"
+  local summary tests
+  summary=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|timed out after' "$log" | tail -n 1 |
+            sed 's/^=* *//' || true)
+  tests=$(grep -E '^\[  (PASSED|FAILED)  \]' "$log" | head -n 1 || true)
+  echo "[gpu_test] $tool on $bin ${filter:-(all)}: ${summary:-no summary}" \
+       "| ${tests:-no gtest result} | exit $rc (log $log)"
+  [ "$rc" -eq 0 ] || status=1
+}
+
 if command -v compute-sanitizer >/dev/null; then
-  for tool in memcheck synccheck racecheck; do
-    [ "$tool" = racecheck ] && filter=$race_filter
-    log="$build/sanitizer_$tool.log"
-    rc=0
-    timeout "$sanitize_timeout" compute-sanitizer --tool "$tool" --error-exitcode 99 "$bin" \
-      --gtest_filter="$filter" >"$log" 2>&1 || rc=$?
-    [ "$rc" -eq 124 ] && echo "[gpu_test] $tool timed out after ${sanitize_timeout} s" >>"$log"
-    summary=$(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|timed out after' "$log" | tail -n 1 |
-              sed 's/^=* *//' || true)
-    tests=$(grep -E '^\[  (PASSED|FAILED)  \]' "$log" | head -n 1 || true)
-    echo "[gpu_test] $tool on $filter: ${summary:-no summary} | ${tests:-no gtest result}" \
-         "| exit $rc (log $log)"
-    [ "$rc" -eq 0 ] || status=1
-  done
-  # The prepared-mask tests (work lists resident on the device, CUDA graph capture and replay),
-  # whole, under memcheck and synccheck.
   for tool in memcheck synccheck; do
-    log="$build/sanitizer_prepared_$tool.log"
-    rc=0
-    timeout "$sanitize_timeout" compute-sanitizer --tool "$tool" --error-exitcode 99 \
-      "$build/tests/gpu/sm90_prepared_test" >"$log" 2>&1 || rc=$?
-    echo "[gpu_test] $tool on sm90_prepared_test: $(grep -E 'ERROR SUMMARY' "$log" | tail -n 1 |
-         sed 's/^=* *//') | exit $rc (log $log)"
-    [ "$rc" -eq 0 ] || status=1
+    sanitize "$tool" sm90_forward_test "$fwd_filter"
+    sanitize "$tool" sm90_backward_test "$bwd_filter"
+    # The prepared-mask tests (work lists resident on the device, CUDA graph capture), whole.
+    sanitize "$tool" sm90_prepared_test
   done
+  sanitize racecheck sm90_forward_test "$fwd_race"
+  sanitize racecheck sm90_backward_test "$bwd_race"
 else
   echo "[gpu_test] compute-sanitizer not found: memcheck, synccheck and racecheck skipped"
 fi

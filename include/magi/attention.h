@@ -77,6 +77,11 @@ struct BwdArgs {
   TensorView dq, dk, dv;               // shapes of q, k, v; compute type if accumulate
   std::optional<TensorView> sink;
   std::optional<TensorView> dsink;  // same shape and dtype as sink
+  // GPU: per-call scratch (the fp32 dq accumulator, lse and Delta rows, the scheduler's
+  // counter) of at least attn_backward_workspace_bytes(Nq, Hq, D) bytes, 16-byte aligned, on
+  // q's device, not used by another call in flight. Absent: allocated on the stream per call
+  // (cudaMallocAsync). A mask not prepared still allocates its work list per call.
+  std::optional<Workspace> workspace = std::nullopt;
 };
 
 void attn_forward(const Mask& mask, const FwdArgs& args, const AttnOptions& opts = {});
@@ -87,6 +92,10 @@ void attn_forward(const PreparedMask& mask, const FwdArgs& args, const AttnOptio
 void attn_backward(const PreparedMask& mask, const BwdArgs& args, const AttnOptions& opts = {});
 // Bytes of FwdArgs::workspace for a GPU forward over num_k key tokens and heads_kv kv heads.
 std::size_t attn_forward_workspace_bytes(std::int64_t num_k, std::int64_t heads_kv);
+// Bytes of BwdArgs::workspace for a GPU backward over num_q query tokens, heads_q q heads and
+// head dim head_dim: 4 * Hq * R * (D + 2) + 4 * Hq * R / 64 + 16 with R = Nq rounded up to 64.
+std::size_t attn_backward_workspace_bytes(std::int64_t num_q, std::int64_t heads_q,
+                                          std::int64_t head_dim);
 void attn_backward(const Mask& mask, const BwdArgs& args, const AttnOptions& opts = {});
 
 // Every check of attn_forward / attn_backward, and nothing else: no compute, no write, no

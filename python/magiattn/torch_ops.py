@@ -214,11 +214,15 @@ def ffa_backward(
         dsink = torch.empty((0,), dtype=_compute_dtype(q.dtype), device=q.device)
     else:
         dsink = torch.empty(sink.shape, dtype=sink.dtype, device=sink.device)
+    # The GPU backward's scratch (its fp32 dq accumulator, about dq's size in fp32) from torch's
+    # caching allocator, per call: inside a CUDA graph capture it comes from the graph's pool.
+    workspace = (torch.empty(_C.backward_workspace_bytes(q.shape[0], q.shape[1], q.shape[2]),
+                             dtype=torch.uint8, device=q.device) if q.is_cuda else None)
     _C.backward(dout.detach(), q.detach(), k.detach(), v.detach(), out.detach(), lse.detach(),
                 dq, dk, dv, mask, sink=None if sink is None else sink.detach(),
                 dsink=None if sink is None else dsink, softmax_scale=softmax_scale,
                 softcap=softcap, sink_layout=sink_layout, deterministic=deterministic,
-                sm_margin=sm_margin, cuda_stream=_stream(q))
+                sm_margin=sm_margin, cuda_stream=_stream(q), workspace=workspace)
     return dq, dk, dv, dsink
 
 

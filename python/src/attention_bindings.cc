@@ -45,12 +45,16 @@ void backward(nb::handle dout, nb::handle q, nb::handle k, nb::handle v, nb::han
               nb::handle lse, nb::handle dq, nb::handle dk, nb::handle dv, const M& mask,
               nb::handle sink, nb::handle dsink, std::optional<double> softmax_scale,
               double softcap, const std::string& sink_layout, bool accumulate, bool deterministic,
-              int num_threads, int sm_margin, std::uintptr_t cuda_stream) {
+              int num_threads, int sm_margin, std::uintptr_t cuda_stream, nb::handle workspace) {
   AttnOptions opts = attn_options(softmax_scale, softcap, sink_layout, accumulate,
                                   deterministic, num_threads, sm_margin);
   opts.cuda_stream = cuda_stream;
   TensorArgs t;
-  const BwdArgs a = bwd_args(t, dout, q, k, v, out, lse, dq, dk, dv, sink, dsink);
+  BwdArgs a = bwd_args(t, dout, q, k, v, out, lse, dq, dk, dv, sink, dsink);
+  if (!workspace.is_none()) {
+    MAGI_CHECK(a.q.device == Device::kCUDA, "workspace: only for CUDA calls (q is on cpu)");
+    a.workspace = t.bytes(workspace, "workspace", a.q.device_idx);
+  }
   nb::gil_scoped_release release;
   attn_backward(mask, a, opts);
 }
@@ -172,6 +176,8 @@ void bind_attention(nb::module_& m) {
   m.attr("_capi") = nb::capsule(&kCApi, kCApiCapsule);  // for magiattn._torch (capi.h)
   m.def("forward_workspace_bytes", &attn_forward_workspace_bytes, "num_k"_a, "heads_kv"_a,
         "bytes of the GPU forward's per-call workspace");
+  m.def("backward_workspace_bytes", &attn_backward_workspace_bytes, "num_q"_a, "heads_q"_a,
+        "head_dim"_a, "bytes of the GPU backward's per-call workspace");
   auto def_backward = [&](auto fn) {
     m.def("backward", fn, "dout"_a, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a, "dq"_a, "dk"_a,
           "dv"_a, "mask"_a, nb::kw_only(), "sink"_a.none() = nb::none(),
@@ -179,10 +185,11 @@ void bind_attention(nb::module_& m) {
           "softcap"_a = defaults.softcap, "sink_layout"_a = "sh",
           "accumulate"_a = defaults.accumulate, "deterministic"_a = defaults.deterministic,
           "num_threads"_a = defaults.num_threads, "sm_margin"_a = defaults.sm_margin,
-          "cuda_stream"_a = 0,
+          "cuda_stream"_a = 0, "workspace"_a.none() = nb::none(),
           "FFA backward (docs/semantics.md §2) into dq, dk, dv (and dsink) on a Mask or a "
           "PreparedMask; returns None. CUDA tensors run on cuda_stream (a cudaStream_t as an "
-          "int; 0: the default stream)");
+          "int; 0: the default stream); workspace: None (allocated per call) or a uint8 tensor "
+          "of backward_workspace_bytes(Nq, Hq, D) bytes on q's device");
   };
   def_backward(&backward<Mask>);
   def_backward(&backward<PreparedMask>);

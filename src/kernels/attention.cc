@@ -12,7 +12,7 @@
 #include <utility>
 
 #include "backend.h"
-#include "sm90/fwd_params.h"
+#include "sm90/bwd_params.h"  // the forward's and the backward's workspace layouts
 #include "magi/error.h"
 
 namespace magi {
@@ -207,11 +207,28 @@ std::size_t attn_forward_workspace_bytes(std::int64_t num_k, std::int64_t heads_
   return kernels::sm90::fwd_workspace_layout(num_k, heads_kv).bytes;
 }
 
+std::size_t attn_backward_workspace_bytes(std::int64_t num_q, std::int64_t heads_q,
+                                          std::int64_t head_dim) {
+  MAGI_CHECK(num_q >= 0 && heads_q >= 0 && head_dim >= 0, "attn_backward_workspace_bytes: "
+             "negative Nq ", num_q, ", Hq ", heads_q, " or D ", head_dim);
+  return kernels::sm90::bwd_workspace_layout(num_q, heads_q, head_dim).bytes;
+}
+
 double attn_fwd_flops(std::int64_t area, std::int64_t num_heads_q, std::int64_t head_dim) {
   return 4.0 * double(area) * double(num_heads_q) * double(head_dim);
 }
 
 namespace {
+
+// A caller's GPU workspace: at least `need` bytes (the call that says how many named in
+// `formula`), non-null and 16-byte aligned.
+template <class... Formula>
+void check_workspace(const Workspace& w, std::size_t need, const Formula&... formula) {
+  MAGI_CHECK(w.bytes >= need, "workspace: ", w.bytes, " bytes, but ", need, " are needed (",
+             formula..., ")");
+  MAGI_CHECK(reinterpret_cast<std::uintptr_t>(w.data) % 16 == 0 && w.data != nullptr,
+             "workspace: the data pointer must be non-null and 16-byte aligned");
+}
 
 kernels::Resolved check_forward_args(const Mask& mask, const FwdArgs& a,
                                      const AttnOptions& opts) {
@@ -231,15 +248,10 @@ kernels::Resolved check_forward_args(const Mask& mask, const FwdArgs& a,
     check_dtype(*a.max_logits, "max_logits", r.compute, "max_logits is kept in the compute type");
     check_device(*a.max_logits, "max_logits", a.q);
   }
-  if (a.workspace && on_gpu(a.q)) {
-    const std::size_t need = attn_forward_workspace_bytes(r.dims.num_k, r.dims.heads_kv);
-    MAGI_CHECK(a.workspace->bytes >= need, "workspace: ", a.workspace->bytes, " bytes, but ",
-               need, " are needed (attn_forward_workspace_bytes(Nk=", r.dims.num_k, ", Hkv=",
-               r.dims.heads_kv, "))");
-    MAGI_CHECK(reinterpret_cast<std::uintptr_t>(a.workspace->data) % 16 == 0 &&
-                   a.workspace->data != nullptr,
-               "workspace: the data pointer must be non-null and 16-byte aligned");
-  }
+  if (a.workspace && on_gpu(a.q))
+    check_workspace(*a.workspace, attn_forward_workspace_bytes(r.dims.num_k, r.dims.heads_kv),
+                    "attn_forward_workspace_bytes(Nk=", r.dims.num_k, ", Hkv=", r.dims.heads_kv,
+                    ")");
   return r;
 }
 
@@ -278,6 +290,11 @@ kernels::Resolved check_backward_args(const Mask& mask, const BwdArgs& a,
     check_no_alias(*a.dsink, "dsink");
     check_dtype(*a.dsink, "dsink", a.sink->dtype, "dsink must match sink");
   }
+  if (a.workspace && on_gpu(a.q))
+    check_workspace(*a.workspace,
+                    attn_backward_workspace_bytes(r.dims.num_q, r.dims.heads_q, r.dims.head_dim),
+                    "attn_backward_workspace_bytes(Nq=", r.dims.num_q, ", Hq=", r.dims.heads_q,
+                    ", D=", r.dims.head_dim, ")");
   return r;
 }
 

@@ -282,6 +282,104 @@ FwdResult naive_forward(const Mask& mask, const Problem& p, DType in, DType out_
   return r;
 }
 
+oracle::BwdResult naive_backward(const Mask& mask, const Problem& p, DType in, DType grad) {
+  const FwdResult fwd = naive_forward(mask, p, in, in);
+  const std::int64_t nq = p.num_q, nk = p.num_k, hq = p.heads_q, hkv = p.heads_kv, d = p.head_dim;
+  const std::int64_t group = hq / hkv;
+  const std::vector<std::uint8_t> dense = masks::to_dense(mask);
+  const float scale = float(p.scale != 0 ? p.scale : 1.0 / std::sqrt(double(d)));
+  const float cap = float(p.softcap);
+  const std::vector<float> q(p.q.begin(), p.q.end()), k(p.k.begin(), p.k.end()),
+      v(p.v.begin(), p.v.end()), dout(p.dout.begin(), p.dout.end()),
+      out(fwd.out.begin(), fwd.out.end());
+  // The rounded P and dS of every (q head, row, key), 0 on hidden cells; Delta per (row, head).
+  std::vector<float> pr(std::size_t(hq * nq * nk), 0.f), dsr(pr.size(), 0.f);
+  std::vector<float> delta(std::size_t(nq * hq), 0.f);
+#pragma omp parallel for schedule(dynamic, 4)
+  for (std::int64_t i = 0; i < nq; ++i)
+    for (std::int64_t h = 0; h < hq; ++h) {
+      const float* qi = &q[std::size_t((i * hq + h) * d)];
+      const float* gi = &dout[std::size_t((i * hq + h) * d)];
+      const float* oi = &out[std::size_t((i * hq + h) * d)];
+      float dl = 0.f;
+      for (std::int64_t e = 0; e < d; ++e) dl += oi[e] * gi[e];
+      delta[std::size_t(i * hq + h)] = dl;
+      const float lse = float(fwd.lse[std::size_t(i * hq + h)]);
+      const std::int64_t hk = h / group;
+      for (std::int64_t j = 0; j < nk; ++j) {
+        if (!dense[std::size_t(i * nk + j)]) continue;
+        const float* kj = &k[std::size_t((j * hkv + hk) * d)];
+        const float* vj = &v[std::size_t((j * hkv + hk) * d)];
+        float dot = 0.f, dp = 0.f;
+        for (std::int64_t e = 0; e < d; ++e) dot += qi[e] * kj[e], dp += gi[e] * vj[e];
+        float l = scale * dot, chain = 1.f;
+        if (cap > 0.f) {
+          const float t = std::tanh(l / cap);
+          l = cap * t;
+          chain = 1.f - t * t;
+        }
+        const float pv = std::exp(l - lse);
+        const std::size_t at = std::size_t((h * nq + i) * nk + j);
+        pr[at] = round16(in, pv);
+        dsr[at] = round16(in, pv * (dp - dl) * chain);
+      }
+    }
+  oracle::BwdResult r;
+  r.dq.assign(std::size_t(nq * hq * d), 0.0);
+  r.dk.assign(std::size_t(nk * hkv * d), 0.0);
+  r.dv.assign(r.dk.size(), 0.0);
+#pragma omp parallel for schedule(dynamic, 4)
+  for (std::int64_t i = 0; i < nq; ++i)
+    for (std::int64_t h = 0; h < hq; ++h) {
+      std::vector<float> acc(std::size_t(d), 0.f);
+      for (std::int64_t j = 0; j < nk; ++j) {
+        const float ds = dsr[std::size_t((h * nq + i) * nk + j)];
+        if (ds == 0.f) continue;
+        const float* kj = &k[std::size_t((j * hkv + h / group) * d)];
+        for (std::int64_t e = 0; e < d; ++e) acc[std::size_t(e)] += ds * kj[e];
+      }
+      for (std::int64_t e = 0; e < d; ++e)
+        r.dq[std::size_t((i * hq + h) * d + e)] =
+            testing::round_to(grad, double(scale * acc[std::size_t(e)]));
+    }
+#pragma omp parallel for schedule(dynamic, 4)
+  for (std::int64_t j = 0; j < nk; ++j)
+    for (std::int64_t hk = 0; hk < hkv; ++hk) {
+      std::vector<float> ak(std::size_t(d), 0.f), av(std::size_t(d), 0.f);
+      for (std::int64_t h = hk * group; h < (hk + 1) * group; ++h)
+        for (std::int64_t i = 0; i < nq; ++i) {
+          const std::size_t at = std::size_t((h * nq + i) * nk + j);
+          if (pr[at] == 0.f && dsr[at] == 0.f) continue;
+          const float* qi = &q[std::size_t((i * hq + h) * d)];
+          const float* gi = &dout[std::size_t((i * hq + h) * d)];
+          for (std::int64_t e = 0; e < d; ++e) {
+            ak[std::size_t(e)] += dsr[at] * qi[e];
+            av[std::size_t(e)] += pr[at] * gi[e];
+          }
+        }
+      for (std::int64_t e = 0; e < d; ++e) {
+        r.dk[std::size_t((j * hkv + hk) * d + e)] =
+            testing::round_to(grad, double(scale * ak[std::size_t(e)]));
+        r.dv[std::size_t((j * hkv + hk) * d + e)] =
+            testing::round_to(grad, double(av[std::size_t(e)]));
+      }
+    }
+  if (p.sink_len > 0) {
+    const bool ssh = p.sink_layout == SinkLayout::kSSH;
+    r.dsink.assign(p.sink.size(), 0.0);
+    for (std::int64_t i = 0; i < nq; ++i)
+      for (std::int64_t h = 0; h < hq; ++h) {
+        const float lse = float(fwd.lse[std::size_t(i * hq + h)]);
+        if (lse == -std::numeric_limits<float>::infinity()) continue;
+        for (std::int64_t t = 0; t < p.sink_len; ++t) {
+          const std::size_t idx = std::size_t(ssh ? (i * p.sink_len + t) * hq + h : t * hq + h);
+          r.dsink[idx] -= double(std::exp(float(p.sink[idx]) - lse) * delta[std::size_t(i * hq + h)]);
+        }
+      }
+  }
+  return r;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Comparison
 

@@ -206,6 +206,13 @@ struct GpuCall {
 // The same-precision naive reference (header comment)
 
 FwdResult naive_forward(const Mask& mask, const Problem& p, DType in, DType out_dtype);
+// The backward's same-precision naive reference: naive_forward's out (rounded to `in`) and
+// lse, then per visible cell in fp32 Delta = out . dout, P = exp(l - lse), dP = dout . v,
+// dS = P (dP - Delta) (times 1 - tanh^2 under softcap), P and dS rounded to `in` as the
+// kernel's P and dS operands are, dq = scale sum dS k, dk = scale sum dS q, dv = sum P dout
+// accumulated in fp32 and rounded to `grad` (the gradients' dtype); dsink = -sum exp(sink -
+// lse) Delta in fp32.
+oracle::BwdResult naive_backward(const Mask& mask, const Problem& p, DType in, DType grad);
 
 // ---------------------------------------------------------------------------------------------
 // Comparison

@@ -153,6 +153,33 @@ def test_bad_workspace_is_an_error_naming_it(gpu_built):
                                 0, stream)
 
 
+def test_bad_backward_workspace_is_an_error_naming_it(gpu_built):
+    q, k, v = qkv(128)
+    pm = functional.prepared_mask(128, 128, [[0, 128]], [[0, 128]])
+    out, meta = magiattn.flex_flash_attn_func(q, k, v, torch.tensor([[0, 128]], dtype=torch.int32),
+                                              torch.tensor([[0, 128]], dtype=torch.int32))
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    need = _C.backward_workspace_bytes(*q.shape)
+    stream = torch.cuda.current_stream().cuda_stream
+    big = torch.empty(need + 16, dtype=torch.uint8, device="cuda")
+    for ws, match in ((torch.empty(need - 1, dtype=torch.uint8, device="cuda"),
+                       r"workspace: .* bytes, but .* are needed \(attn_backward_workspace_bytes"),
+                      (big[1:], "16-byte aligned"),
+                      (torch.empty(need, dtype=torch.uint8), "CUDA tensor")):
+        with pytest.raises(ValueError, match=match):
+            _C.backward(q, q, k, v, out, meta.lse, dq, dk, dv, pm, cuda_stream=stream,
+                        workspace=ws)
+    # A workspace of the right size, even full of garbage, gives the per-call result (bit for
+    # bit: deterministic mode fixes dq's order of sums).
+    want = [torch.empty_like(x) for x in (q, k, v)]
+    _C.backward(q, q, k, v, out, meta.lse, *want, pm, cuda_stream=stream, deterministic=True)
+    big.fill_(0xFF)
+    _C.backward(q, q, k, v, out, meta.lse, dq, dk, dv, pm, cuda_stream=stream,
+                deterministic=True, workspace=big)
+    for name, got, ref in zip("qkv", (dq, dk, dv), want):
+        assert torch.equal(got, ref), f"d{name} differs with a caller's workspace"
+
+
 def test_graph_replayed_after_the_ranges_changed_gives_nan(gpu_built):
     """A captured graph keeps the mask it was captured with; the kernel compares the range
     tensors it reads on every replay with that mask, so other ranges give NaN, not a result

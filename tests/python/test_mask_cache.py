@@ -80,6 +80,16 @@ def test_float_ranges_are_an_error_naming_them():
                                       torch.tensor([[0, 8]]))
 
 
+def test_backward_rejects_a_workspace_on_cpu():
+    q, k, v = (x.float() for x in qkv(16))
+    pm = functional.prepared_mask(16, 16, [[0, 16]], [[0, 16]])
+    out, lse = torch.zeros_like(q), torch.zeros(16, 2)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    ws = torch.empty(64, dtype=torch.uint8)
+    with pytest.raises(ValueError, match=r"workspace: only for CUDA calls \(q is on cpu\)"):
+        _C.backward(q, q, k, v, out, lse, dq, dk, dv, pm, workspace=ws)
+
+
 def test_forward_prepared_rejects_gpu_only_arguments_on_cpu():
     q, k, v = (x.float() for x in qkv(16))
     pm = functional.prepared_mask(16, 16, [[0, 16]], [[0, 16]])

@@ -1,6 +1,6 @@
 // Host side of the sm90 backward (bwd_params.h has the three launches): finds the key-tile work
 // list (resident in a PreparedMask, or built and uploaded per call), lays out the per-call
-// workspace (cudaMallocAsync: NOT YET a caller's workspace), and queues the row pass, the main
+// workspace (the caller's, or cudaMallocAsync per call), and queues the row pass, the main
 // kernel and the dq / dsink pass on the caller's stream. Work in progress: head dims 64 and
 // 128.
 #include <cuda_runtime.h>
@@ -177,18 +177,23 @@ void backward(const Mask& mask, const PreparedMask* prepared, const BwdArgs& a,
     img = work_image(mask, bwd_block_m(d), bwd_block_n(d), TileAxis::kKey, false);
     p.num_tiles = img.num_tiles;
   }
-  const std::size_t image_off = align16(ws.bytes);
+  // The caller's workspace (attention.cc checked its size and alignment), or one allocation
+  // per call; a mask not prepared uploads its work list behind it.
+  const bool own_scratch = !a.workspace.has_value();
+  const std::size_t image_off = own_scratch ? align16(ws.bytes) : 0;
   StreamFree owned{nullptr, stream};
-  MAGI_CUDA_CHECK(cudaMallocAsync(&owned.ptr, image_off + img.bytes.size(), stream),
-                  "workspace allocation");
-  auto* base = static_cast<unsigned char*>(owned.ptr);
+  if (own_scratch || prepared == nullptr)
+    MAGI_CUDA_CHECK(cudaMallocAsync(&owned.ptr, image_off + img.bytes.size(), stream),
+                    "workspace allocation");
+  auto* base = static_cast<unsigned char*>(own_scratch ? owned.ptr : a.workspace->data);
   if (prepared == nullptr) {
-    MAGI_CUDA_CHECK(cudaMemcpyAsync(base + image_off, img.bytes.data(), img.bytes.size(),
+    auto* dev = static_cast<unsigned char*>(owned.ptr) + image_off;
+    MAGI_CUDA_CHECK(cudaMemcpyAsync(dev, img.bytes.data(), img.bytes.size(),
                                     cudaMemcpyHostToDevice, stream),
                     "work list upload");
-    p.tiles = reinterpret_cast<const Tile*>(base + image_off);
-    p.pieces = reinterpret_cast<const Piece*>(base + image_off + img.pieces_off);
-    p.tickets = reinterpret_cast<const std::int32_t*>(base + image_off + img.tickets_off);
+    p.tiles = reinterpret_cast<const Tile*>(dev);
+    p.pieces = reinterpret_cast<const Piece*>(dev + img.pieces_off);
+    p.tickets = reinterpret_cast<const std::int32_t*>(dev + img.tickets_off);
   }
   p.counter = reinterpret_cast<std::int32_t*>(base);
   p.lse2 = reinterpret_cast<float*>(base + ws.lse_off);
