@@ -248,7 +248,7 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
     Barrier::init(&s.kv_empty, C::kWarpgroups);
     for (int i = 0; i < C::kStages; ++i) {
       TxBarrier::init(&s.q_full[i], 1);
-      Barrier::init(&s.q_empty[i], C::kWarpgroups);
+      Barrier::init(&s.q_empty[i], C::kConsumerThreads);  // each reader of info, lse2, delta
     }
     for (int i = 0; i < 2; ++i) {
       Barrier::init(&s.item_full[i], 1);
@@ -346,8 +346,8 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
           // masked in its first one.
           for (int qb = pc.q0 / kBM * kBM; qb < pc.q1; qb += kBM) {
             const detail::Ring r = detail::ring<C::kStages>(blk++);
-            if (lane == 0) Barrier::wait(&s.q_empty[r.stage], r.phase ^ 1);
-            __syncwarp();
+            // Every lane waits: each overwrites what the consumers read (lse2, delta, info).
+            Barrier::wait(&s.q_empty[r.stage], r.phase ^ 1);
             // lse (log2 units) and Delta of the block's rows (the workspace rows are padded
             // past the last block: lse +inf, Delta 0).
             const float* l2 = p.lse2 + std::int64_t(h) * p.rows_pad + qb;
@@ -585,7 +585,7 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
         warpgroup_fence_operand(tPrP);  // the A operands of dV and dK, kept until here
         warpgroup_fence_operand(tdSrdS);
         warpgroup_fence_operand(tdQrdQ);
-        if (leader) Barrier::arrive(&s.q_empty[r.stage]);
+        Barrier::arrive(&s.q_empty[r.stage]);  // each thread hands back its own reads
         // dQ (unscaled) to the dQ writer (above), which adds the block into the accumulator:
         // this warpgroup's half of D into the staging buffer, element 4 v + e of thread t at
         // float (v * 128 + t) * 4 + e (the fragment order bwd_dq_coord reads back).
