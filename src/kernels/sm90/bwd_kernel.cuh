@@ -247,7 +247,7 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
     TxBarrier::init(&s.kv_full, 1);
     Barrier::init(&s.kv_empty, C::kWarpgroups);
     for (int i = 0; i < C::kStages; ++i) {
-      TxBarrier::init(&s.q_full[i], 1);
+      TxBarrier::init(&s.q_full[i], 32);  // the producer lanes (lse2, delta, info)
       Barrier::init(&s.q_empty[i], C::kConsumerThreads);  // each reader of info, lse2, delta
     }
     for (int i = 0; i < 2; ++i) {
@@ -346,7 +346,10 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
           // masked in its first one.
           for (int qb = pc.q0 / kBM * kBM; qb < pc.q1; qb += kBM) {
             const detail::Ring r = detail::ring<C::kStages>(blk++);
-            // Every lane waits: each overwrites what the consumers read (lse2, delta, info).
+            // Lane 0 polls; then each lane acquires the stage itself (one test, already
+            // complete) before it overwrites what the consumers read (lse2, delta, info).
+            if (lane == 0) Barrier::wait(&s.q_empty[r.stage], r.phase ^ 1);
+            __syncwarp();
             Barrier::wait(&s.q_empty[r.stage], r.phase ^ 1);
             // lse (log2 units) and Delta of the block's rows (the workspace rows are padded
             // past the last block: lse +inf, Delta 0).
@@ -362,11 +365,13 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
                   p.deterministic ? p.tickets[p.tickets[pi] + qb / kBM - pc.q0 / kBM] : 0;
               s.info[r.stage] = detail::BwdBlockInfo{pc, qb, h, last ? 1 : 0, ticket};
             }
-            __syncwarp();  // the lanes' writes before lane 0's arrive (release)
+            // Each lane's arrival releases its own stores (q_full counts the 32 lanes).
             if (lane == 0) {
               TxBarrier::arrive_and_expect_tx(&s.q_full[r.stage], 2 * kQBytes);
               tma_load(kp.tma_q, mQ, qb, h, sQ(_, _, r.stage), s.q_full[r.stage]);
               tma_load(kp.tma_do, mdO, qb, h, sdO(_, _, r.stage), s.q_full[r.stage]);
+            } else {
+              Barrier::arrive(&s.q_full[r.stage]);
             }
           }
         }
@@ -466,16 +471,30 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
         const detail::BwdBlockInfo bi = s.info[r.stage];
         const Piece& pc = bi.pc;
         const bool full = detail::covers(pc, bi.qb, kBM, kw, kBW);
-        // Zero (set, not multiplied) the cells of x the piece does not see.
+        // Zero (set, not multiplied) the cells of x the piece does not see. Per key (row i of
+        // the thread's fragment), the query rows that see it form one interval (the piece's
+        // rows cut by the band lo <= k - q <= hi), held as offsets from the thread's first
+        // column and clamped to [-1, kBM]; a cell's column offset is a constant of the
+        // fragment layout, so each cell costs two compares and a select (per-cell bounds
+        // arithmetic was 40 % of the instructions on a sliding-window mask).
         auto mask = [&](auto& x) CUTLASS_LAMBDA_FUNC_INLINE {
+          const int q_first = bi.qb + get<1>(cS(0, 0));
           CUTE_UNROLL
           for (int i = 0; i < kRows; ++i) {
+            const int k = kw + get<0>(cS(i, 0));
+            auto clip = [&](long long v) CUTLASS_LAMBDA_FUNC_INLINE {
+              return int(v < -1 ? -1 : v > kBM ? kBM : v);
+            };
+            const bool key_in = k >= pc.k0 && k < pc.k1;
+            // 64-bit: k - hi and k - lo may pass the int range (bands clamp at +-2^30).
+            const long long first = max((long long)pc.q0, (long long)k - pc.hi);
+            const long long last = min((long long)pc.q1 - 1, (long long)k - pc.lo);
+            const int lo = key_in ? clip(first - q_first) : kBM;
+            const int hi = key_in ? clip(last - q_first) : -1;
             CUTE_UNROLL
             for (int j = 0; j < kCols; ++j) {
-              const int k = kw + get<0>(cS(i, j)), q = bi.qb + get<1>(cS(i, j));
-              const bool seen = q >= pc.q0 && q < pc.q1 && k >= pc.k0 && k < pc.k1 &&
-                                k - q >= pc.lo && k - q <= pc.hi;
-              x(i, j) = seen ? x(i, j) : 0.f;
+              const int off = get<1>(cS(i, j)) - get<1>(cS(0, 0));  // a constant
+              x(i, j) = off >= lo && off <= hi ? x(i, j) : 0.f;
             }
           }
         };
