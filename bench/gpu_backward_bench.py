@@ -8,7 +8,8 @@ deterministic mode) vs SDPA cuDNN, SDPA flash (FA2), FlexAttention and MagiAtten
 Per column: forward alone and forward + backward through autograd (out.backward(dout)),
 median of --reps timed loops of --inner calls (CUDA events, the columns' repetitions
 interleaved: gpu_attention_bench.time_ms); backward time = the difference;
-TFLOP/s with FLOPs = 4 * area * Hq * D forward and 2.5x that backward (SPEC §4).
+TFLOP/s with FLOPs = 4 * area * Hq * D forward, 2.5x that backward, 3.5x that for forward +
+backward over its own time (SPEC §4).
 """
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ def main(argv=None) -> int:
     hq, hkv, d = args.heads_q, args.heads_kv, args.head_dim
     ffa = ffa_func()
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}; bf16, Hq {hq}, Hkv {hkv}, "
-          f"D {d}; TFLOP/s forward / backward; FFA {'in' if ffa else 'not available'}")
+          f"D {d}; TFLOP/s forward / backward / forward + backward; FFA {'in' if ffa else 'not available'}")
     for n in args.seqlens:
         g = torch.Generator(device="cuda").manual_seed(n)
         q = torch.randn(n, hq, d, device="cuda", dtype=torch.bfloat16, generator=g)
@@ -109,7 +110,8 @@ def main(argv=None) -> int:
             for x in leaves:
                 x.grad = None
             cells = [f"{col} {flops / t[(col, 'f')] / 1e9:.0f} / "
-                     f"{2.5 * flops / max(t[(col, 'fb')] - t[(col, 'f')], 1e-6) / 1e9:.0f}"
+                     f"{2.5 * flops / max(t[(col, 'fb')] - t[(col, 'f')], 1e-6) / 1e9:.0f} / "
+                     f"{3.5 * flops / t[(col, 'fb')] / 1e9:.0f}"
                      for col in cols if (col, "f") in t] + failed
             print(f"{name:<20}{n:>7} | " + " | ".join(cells), flush=True)
     return 0
