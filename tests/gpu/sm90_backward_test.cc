@@ -241,14 +241,16 @@ TEST(Sm90Backward, OneCtaOnAUserStream) {
   REQUIRE_GPU();
   cudaStream_t stream = nullptr;
   cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  // Small: racecheck tracks every shared-memory access and barrier arrival (at 700 tokens and
+  // 4 q heads it did not finish in 245 s on the H200).
   std::mt19937_64 rng(61);
-  const Mask mask = testing::packed_documents(rng, 700);
+  const Mask mask = testing::packed_documents(rng, 400);
   for (std::int64_t d : {128, 64})
     for (bool deterministic : {false, true}) {
       Case c;
       c.d = d;
-      c.hq = 4;
-      c.hkv = 2;
+      c.hq = 2;
+      c.hkv = 1;
       c.sink_len = 1;
       c.opts.deterministic = deterministic;
       c.opts.sm_margin = 1 << 20;
