@@ -239,8 +239,7 @@ TEST(Sm90Backward, OneCtaOnAUserStream) {
   // to item; GQA, a sink and deterministic mode's tickets on the same CTA; the launches go to a
   // user stream. scripts/gpu_test.sh runs this case under racecheck.
   REQUIRE_GPU();
-  cudaStream_t stream = nullptr;
-  cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  const UserStream stream;
   // Small: racecheck tracks every shared-memory access and barrier arrival (at 700 tokens and
   // 4 q heads it did not finish in 245 s on the H200).
   std::mt19937_64 rng(61);
@@ -253,11 +252,9 @@ TEST(Sm90Backward, OneCtaOnAUserStream) {
       c.hkv = 1;
       c.sink_len = 1;
       c.opts.deterministic = deterministic;
-      c.opts.sm_margin = 1 << 20;
-      c.opts.cuda_stream = reinterpret_cast<std::uintptr_t>(stream);
+      stream.one_cta(c.opts);
       check_backward(mask, c, 62, deterministic ? "one CTA, deterministic" : "one CTA");
     }
-  cudaStreamDestroy(stream);
 }
 
 TEST(Sm90Backward, WhatIsNotBuiltYetIsAnError) {

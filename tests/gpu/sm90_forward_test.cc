@@ -532,24 +532,21 @@ TEST(Sm90Forward, OnePersistentCtaOnAUserStream) {
   // (tile, head) item, reusing its Q buffer and rings from item to item (the racecheck case of
   // scripts/gpu_test.sh: D 64 and D 128 run different warpgroup counts); the launch goes to a
   // user stream.
-  cudaStream_t stream = nullptr;
-  cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  const UserStream stream;
   std::mt19937_64 rng(51);
   const Mask mask = testing::packed_documents(rng, 900);
   for (std::int64_t d : {128, 64}) {
     Case c;
     c.d = d;
     c.sink_len = 1;
-    c.opts.sm_margin = 1 << 20;
-    c.opts.cuda_stream = reinterpret_cast<std::uintptr_t>(stream);
+    stream.one_cta(c.opts);
     if (!built(c.in, c.d)) continue;
     const Problem p = make_problem(mask, c, 52);
     GpuCall call(p, c);
     ASSERT_NO_THROW(attn_forward(mask, call.args(), c.opts));
-    cuda_ok(cudaStreamSynchronize(stream), "stream synchronize");
+    cuda_ok(cudaStreamSynchronize(stream.get()), "stream synchronize");
     compare(mask, p, c, call.result(), describe(c, mask) + " [one CTA, user stream]");
   }
-  cudaStreamDestroy(stream);
 }
 
 TEST(Sm90Forward, NanAndInfInUnseenRowsDoNotLeak) {

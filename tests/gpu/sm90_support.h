@@ -162,6 +162,29 @@ struct Case {
   bool max_logits = true;
 };
 
+// A non-blocking stream for a test's launches, destroyed with the object. one_cta() points a
+// case's options at it with sm_margin past the SM count: a single persistent CTA then loops
+// over every item, reusing its buffers and rings (the racecheck cases of scripts/gpu_test.sh).
+class UserStream {
+ public:
+  UserStream() {
+    cuda_ok(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+  }
+  ~UserStream() {
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  }
+  UserStream(const UserStream&) = delete;
+  UserStream& operator=(const UserStream&) = delete;
+  cudaStream_t get() const { return stream_; }
+  void one_cta(AttnOptions& opts) const {
+    opts.sm_margin = 1 << 20;
+    opts.cuda_stream = reinterpret_cast<std::uintptr_t>(stream_);
+  }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+};
+
 Case with_dtype(Case c, DType in);
 std::string describe(const Case& c, const Mask& mask);
 Problem make_problem(const Mask& mask, const Case& c, std::uint64_t seed);
