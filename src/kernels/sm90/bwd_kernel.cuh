@@ -672,27 +672,27 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
 }
 
 // The dq pass: dq = scale * accumulator (+ the given dq under accumulate) in dq's dtype. A CTA
-// per (64-row block, q head), a warpgroup per chunk: each reads its chunk back in the fragment
-// order the main kernel stored it in (the same MMA's partition of the same tile: exact by
-// construction; coalesced 16-byte loads) into a (row, d) tile in shared memory, then the CTA
-// writes whole rows, 8 columns per thread (one 16-byte store in bf16 / fp16 when the strides
-// allow it, BwdParams::dq_vec). Writing the fragments out directly (2-byte stores, 8 rows per
+// of 128 threads per (64-row block, q head, chunk) reads the chunk back in the fragment order
+// the main kernel stored it in (the same MMA's partition of the same tile: exact by
+// construction; coalesced 16-byte loads) into a (row, column) tile in shared memory, then
+// writes the chunk's columns of each row, 8 per thread (one 16-byte store in bf16 / fp16 when
+// the strides allow it, BwdParams::dq_vec). Writing the fragments out directly (2-byte stores, 8 rows per
 // warp instruction) moved 0.74 TB/s: half a millisecond at 16k x 32 heads.
 template <class T, int kD>
-__global__ void __launch_bounds__(128 * BwdConfig<T, kD>::kDQChunks)
-    ffa_bwd_dq_kernel(const __grid_constant__ BwdParams p) {
+__global__ void __launch_bounds__(128) ffa_bwd_dq_kernel(const __grid_constant__ BwdParams p) {
   using namespace cute;
   using C = BwdConfig<T, kD>;
-  constexpr int kBM = C::kBlockM, kPitch = kD + 4;  // floats; rows stay 16-byte aligned
+  constexpr int kBM = C::kBlockM, kCols = C::kDQCols;
+  constexpr int kPitch = kCols + 4;  // floats; rows stay 16-byte aligned
   __shared__ alignas(16) float tile[kBM * kPitch];
-  const int wg = int(threadIdx.x) / 128, t = int(threadIdx.x) % 128;
-  const int blk = int(blockIdx.x), h = int(blockIdx.y);
+  const int t = int(threadIdx.x);
+  const int blk = int(blockIdx.x), h = int(blockIdx.y), chunk = int(blockIdx.z);
   {
     typename C::MmaDQ mma;
     Tensor c = mma.get_thread_slice(t).partition_C(
         make_identity_tensor(Shape<typename C::BM, typename C::HD2>{}));
     const float4* acc = reinterpret_cast<const float4*>(
-        p.dq_acc + ((std::int64_t(h) * (p.rows_pad / kBM) + blk) * C::kDQChunks + wg) *
+        p.dq_acc + ((std::int64_t(h) * (p.rows_pad / kBM) + blk) * C::kDQChunks + chunk) *
                        std::int64_t(C::kDQFloats));
     CUTE_UNROLL
     for (int v = 0; v < decltype(size(c))::value / 4; ++v) {
@@ -700,12 +700,11 @@ __global__ void __launch_bounds__(128 * BwdConfig<T, kD>::kDQChunks)
       const float xs[4] = {x.x, x.y, x.z, x.w};
       CUTE_UNROLL
       for (int e = 0; e < 4; ++e)
-        tile[get<0>(c(4 * v + e)) * kPitch + wg * C::kDQCols + get<1>(c(4 * v + e))] =
-            p.scale * xs[e];
+        tile[get<0>(c(4 * v + e)) * kPitch + get<1>(c(4 * v + e))] = p.scale * xs[e];
     }
   }
   __syncthreads();
-  constexpr int kVecs = kD / 8;  // 8-column pieces per row
+  constexpr int kVecs = kCols / 8;  // 8-column pieces per row
   for (int i = int(threadIdx.x); i < kBM * kVecs; i += int(blockDim.x)) {
     const int r = i / kVecs, c0 = (i % kVecs) * 8;
     const std::int64_t row = std::int64_t(blk) * kBM + r;
@@ -713,7 +712,7 @@ __global__ void __launch_bounds__(128 * BwdConfig<T, kD>::kDQChunks)
     const float4 lo = *reinterpret_cast<const float4*>(&tile[r * kPitch + c0]);
     const float4 hi = *reinterpret_cast<const float4*>(&tile[r * kPitch + c0 + 4]);
     float y[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-    const std::int64_t at = row * p.dq_row + std::int64_t(h) * p.dq_head + c0;
+    const std::int64_t at = row * p.dq_row + std::int64_t(h) * p.dq_head + chunk * kCols + c0;
     if (p.accumulate) {  // fp32 (attention.cc checks it)
       float* o = static_cast<float*>(p.dq) + at;
       CUTE_UNROLL
