@@ -257,6 +257,61 @@ TEST(Sm90Backward, OneCtaOnAUserStream) {
     }
 }
 
+TEST(Sm90Backward, OutAndDqOffTheSixteenByteGrid) {
+  // out and dq as views with rows H * D + 1 elements apart (rows off 16-byte boundaries): the
+  // row pass and the dq pass take their per-element paths instead of 16-byte accesses; bf16
+  // and fp32 (accumulate) dq; the same rule against the oracle.
+  REQUIRE_GPU();
+  const Mask mask = masks::varlen_causal(prefix_sums({5, 300, 3, 200}));
+  for (bool accumulate : {false, true}) {
+    Case c;
+    c.hq = 4;
+    c.hkv = 2;
+    if (!built(c.in, c.d)) return;
+    const Problem p = make_problem(mask, c, 12);
+    const std::int64_t row = p.heads_q * p.head_dim, pitch = row + 1;
+    const std::vector<std::int64_t> shape{p.num_q, p.heads_q, p.head_dim},
+        strides{pitch, p.head_dim, 1};
+    const DType grad = accumulate ? DType::kF32 : c.in;
+    const std::size_t out_es = std::size_t(dtype_size(c.out)), dq_es = std::size_t(dtype_size(grad));
+    DeviceMem out(std::size_t(p.num_q * pitch) * out_es), dq(std::size_t(p.num_q * pitch) * dq_es);
+    out.fill_nan();
+    dq.fill_nan();
+    GpuCall fwd(p, c);
+    FwdArgs fa = fwd.args();
+    fa.out = device_view(out.get(), c.out, shape, strides);
+    attn_forward(mask, fa, c.opts);
+    sync("forward");
+    if (accumulate) {  // dq starts at 0 (the padding stays NaN)
+      const std::vector<unsigned char> zeros(std::size_t(row) * dq_es, 0);
+      for (std::int64_t q = 0; q < p.num_q; ++q)
+        cuda_ok(cudaMemcpy(static_cast<unsigned char*>(dq.get()) + std::size_t(q * pitch) * dq_es,
+                           zeros.data(), zeros.size(), cudaMemcpyHostToDevice),
+                "dq zeroing");
+    }
+    DevTensor dout(c.in, shape), dk(grad, {p.num_k, p.heads_kv, p.head_dim}),
+        dv(grad, {p.num_k, p.heads_kv, p.head_dim});
+    dout.upload(p.dout);
+    if (accumulate)
+      for (DevTensor* t : {&dk, &dv})
+        t->upload(std::vector<double>(std::size_t(numel_of(t->shape)), 0.0));
+    BwdArgs a{dout.view, fwd.q.view, fwd.k.view, fwd.v.view,
+              fa.out,    fwd.lse.view, device_view(dq.get(), grad, shape, strides),
+              dk.view,   dv.view,      std::nullopt, std::nullopt};
+    AttnOptions opts = c.opts;
+    opts.accumulate = accumulate;
+    attn_backward(mask, a, opts);
+    sync("backward");
+    // dq's rows without their padding element.
+    const std::vector<double> padded = decode(grad, dq.download());
+    BwdGot got{{}, dk.download(), dv.download(), {}};
+    for (std::int64_t q = 0; q < p.num_q; ++q)
+      got.dq.insert(got.dq.end(), padded.begin() + q * pitch, padded.begin() + q * pitch + row);
+    expect_grads(got, oracle::backward(mask, p), naive_backward(mask, p, c.in, grad), c.in,
+                 accumulate ? "rows H * D + 1 apart, accumulate" : "rows H * D + 1 apart");
+  }
+}
+
 TEST(Sm90Backward, WhatIsNotBuiltYetIsAnError) {
   REQUIRE_GPU();
   const Mask mask = masks::causal(64, 64);

@@ -73,6 +73,7 @@ struct BwdParams {
   float softcap = 0;        // logit cap c (0: none): l = c tanh(scale * q.k / c)
   bool accumulate = false;  // dq, dk, dv (fp32) hold partial gradients to add to
   bool dkv_pairs = false;   // dk's and dv's strides and pointers let two adjacent columns go as one store
+  bool dq_vec = false;      // dq's strides and pointer let 8 adjacent columns go as 16-byte stores
   // Deterministic mode: each block's dq chunk is added in a fixed order, its turn (a ticket of
   // the work image, device_work.h) awaited on the block's counter.
   bool deterministic = false;
