@@ -413,28 +413,17 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
       // per-cell test: docs/numerics.md says what that leaves.
       const bool full = bi.flags & (detail::BlockInfo::kFullRows << wg);
       if (!full) {
-        // The keys a row sees form one interval (the piece's keys cut by the band lo <= k - q
-        // <= hi), held as offsets from the thread's first column and clamped to [-1, kBN]; a
-        // cell's column offset is a constant of the fragment layout: two compares per cell
-        // (as in the backward, where per-cell bounds arithmetic was 40 % of the instructions
-        // on a sliding-window mask).
+        // Per row the keys it sees, as column offsets (detail::offsets_from): two compares
+        // per cell.
         const int k_first = kb + get<1>(cS(0, 0));
-        auto clip = [&](long long v) CUTLASS_LAMBDA_FUNC_INLINE {
-          return int(v < -1 ? -1 : v > kBN ? kBN : v);
-        };
         CUTE_UNROLL
         for (int i = 0; i < kRows; ++i) {
-          const int q = q0 + get<0>(cS(i, 0));
-          const bool row_in = q >= pc.q0 && q < pc.q1;
-          // 64-bit: q + lo and q + hi may pass the int range (bands clamp at +-2^30).
-          const long long first = max((long long)pc.k0, (long long)q + pc.lo);
-          const long long last = min((long long)pc.k1 - 1, (long long)q + pc.hi);
-          const int lo = row_in ? clip(first - k_first) : kBN;
-          const int hi = row_in ? clip(last - k_first) : -1;
+          const detail::Offsets o = detail::offsets_from(
+              detail::keys_seen_by_row(pc, q0 + get<0>(cS(i, 0))), k_first, kBN);
           CUTE_UNROLL
           for (int jj = 0; jj < size<1>(S); ++jj) {
             const int off = get<1>(cS(i, jj)) - get<1>(cS(0, 0));  // a constant
-            if (!(off >= lo && off <= hi)) S(i, jj) = -INFINITY;
+            if (!(off >= o.lo && off <= o.hi)) S(i, jj) = -INFINITY;
           }
         }
       }
