@@ -471,30 +471,19 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
         const detail::BwdBlockInfo bi = s.info[r.stage];
         const Piece& pc = bi.pc;
         const bool full = detail::covers(pc, bi.qb, kBM, kw, kBW);
-        // Zero (set, not multiplied) the cells of x the piece does not see. Per key (row i of
-        // the thread's fragment), the query rows that see it form one interval (the piece's
-        // rows cut by the band lo <= k - q <= hi), held as offsets from the thread's first
-        // column and clamped to [-1, kBM]; a cell's column offset is a constant of the
-        // fragment layout, so each cell costs two compares and a select (per-cell bounds
+        // Zero (set, not multiplied) the cells of x the piece does not see: per key (row i of
+        // the thread's fragment) the query rows that see it, as column offsets (per-cell bounds
         // arithmetic was 40 % of the instructions on a sliding-window mask).
         auto mask = [&](auto& x) CUTLASS_LAMBDA_FUNC_INLINE {
           const int q_first = bi.qb + get<1>(cS(0, 0));
           CUTE_UNROLL
           for (int i = 0; i < kRows; ++i) {
-            const int k = kw + get<0>(cS(i, 0));
-            auto clip = [&](long long v) CUTLASS_LAMBDA_FUNC_INLINE {
-              return int(v < -1 ? -1 : v > kBM ? kBM : v);
-            };
-            const bool key_in = k >= pc.k0 && k < pc.k1;
-            // 64-bit: k - hi and k - lo may pass the int range (bands clamp at +-2^30).
-            const long long first = max((long long)pc.q0, (long long)k - pc.hi);
-            const long long last = min((long long)pc.q1 - 1, (long long)k - pc.lo);
-            const int lo = key_in ? clip(first - q_first) : kBM;
-            const int hi = key_in ? clip(last - q_first) : -1;
+            const detail::Offsets o = detail::offsets_from(
+                detail::rows_seeing_key(pc, kw + get<0>(cS(i, 0))), q_first, kBM);
             CUTE_UNROLL
             for (int j = 0; j < kCols; ++j) {
               const int off = get<1>(cS(i, j)) - get<1>(cS(0, 0));  // a constant
-              x(i, j) = off >= lo && off <= hi ? x(i, j) : 0.f;
+              x(i, j) = off >= o.lo && off <= o.hi ? x(i, j) : 0.f;
             }
           }
         };
