@@ -121,23 +121,21 @@ __device__ inline void pass_turn(int* turn) {
 
 template <class T, int kD>
 struct BwdConfig {
-  // D 192 would split D into 96-column halves, which are not whole 64-column swizzle atoms of
-  // the MN-major B operands (dO^T, Q^T) of the dV and dK products: not built (yet).
-  static_assert(kD == 64 || kD == 128 || kD == 256, "the sm90 backward has D 64, 128 and 256");
+  static_assert(kD == 64 || kD == 128 || kD == 192 || kD == 256);
   static constexpr int kBlockM = bwd_block_m(kD);  // query rows per block
   static constexpr int kBlockN = bwd_block_n(kD);  // keys per tile
   static constexpr int kWarpgroups = 2;
   static constexpr int kConsumerThreads = 128 * kWarpgroups;
   static constexpr int kThreads = 128 + kConsumerThreads;
   // D <= 128: each consumer warpgroup owns 64 keys of the 128-key tile with all of D of dK and
-  // dV. D 256 (kSplitD, bwd_split_d): dK and dV of 64 keys do not fit one warpgroup's
+  // dV. D 192 / 256 (kSplitD, bwd_split_d): dK and dV of 64 keys do not fit one warpgroup's
   // registers, so both own the tile's 64 keys and half of D each; both compute the block's
   // S^T and dP^T (the same products: 7 units of tensor work instead of 5).
   static constexpr bool kSplitD = bwd_split_d(kD);
   static constexpr int kKeysPerWG = kSplitD ? kBlockN : kBlockN / kWarpgroups;
   static constexpr int kKVCols = kSplitD ? kD / kWarpgroups : kD;  // of dK, dV per warpgroup
   // The Q / dO ring and the dQ staging ring: shared memory (K, V, Q and dO grow with D).
-  static constexpr int kStages = kD <= 128 ? 2 : 1;
+  static constexpr int kStages = kD <= 192 ? 2 : 1;
   static constexpr int kDQStages = kSplitD ? 1 : 2;
   // One warpgroup's dQ of a block, in fragment order (bwd_params.h): 64 rows x D / 2 from all
   // 128 keys, or at D 64 (kDQSplitKeys) 64 rows x D from the warpgroup's 64 keys.
@@ -160,11 +158,15 @@ struct BwdConfig {
   using HD2 = cute::Int<kDQCols>;                // dQ columns per consumer warpgroup
   // ... computed in pieces of at most 64 columns (at D 256 one product of 128 columns beside dK,
   // dV and the A operands in flight made ptxas serialize every wgmma, C7512).
-  static constexpr int kDQPieceCols = kDQCols < 64 ? kDQCols : 64;
+  static constexpr int kDQPieceCols = kDQCols <= 96 ? kDQCols : 64;
   static constexpr int kDQPieces = kDQCols / kDQPieceCols;
   using HDP = cute::Int<kDQPieceCols>;
   using DQK = cute::Int<kDQSplitKeys ? kBlockN / kWarpgroups : kBlockN>;  // its keys
-  using AtomK = cute::GMMA::Layout_K_SW128_Atom<T>;
+  // Rows of D in 128-byte swizzle atoms (64 columns); at D 192 in 64-byte ones (32 columns), so
+  // that each warpgroup's 96 columns of the transposed Q, dO and K views (the MN-major B operands
+  // of its dK, dV and dQ products) are whole atoms.
+  using AtomK = std::conditional_t<kD == 192, cute::GMMA::Layout_K_SW64_Atom<T>,
+                                   cute::GMMA::Layout_K_SW128_Atom<T>>;
   using AtomMN = cute::GMMA::Layout_MN_SW128_Atom<T>;
   // K and V tiles (keys, D) and the Q / dO ring (rows, D, stage), rows of D as TMA loads them.
   using LayoutKV = decltype(cute::tile_to_shape(AtomK{}, cute::Shape<BN, HD>{}));

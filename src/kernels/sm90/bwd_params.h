@@ -21,9 +21,8 @@
 namespace magi::kernels::sm90 {
 
 // Tile of the backward: query blocks of 64 rows; 128 keys per CTA (64 per consumer warpgroup)
-// at D <= 128; 64 keys at D 256, where both consumer warpgroups own them, each with half
-// of D of dK and dV (bwd_split_d: 64 keys x D of both in fp32 do not fit one warpgroup); D 192 has
-// no backward kernel (bwd_kernel.cuh says why).
+// at D <= 128; 64 keys at D 192 and 256, where both consumer warpgroups own them, each with half
+// of D of dK and dV (bwd_split_d: 64 keys x D of both in fp32 do not fit one warpgroup).
 constexpr bool bwd_split_d(int head_dim) { return head_dim > 128; }
 constexpr int bwd_block_n(int head_dim) { return bwd_split_d(head_dim) ? 64 : 128; }
 constexpr int bwd_block_m(int) { return 64; }
