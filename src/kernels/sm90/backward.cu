@@ -151,7 +151,7 @@ void backward(const Mask& mask, const PreparedMask* prepared, const BwdArgs& a,
   const Dims& dm = r.dims;
   const Launchers launch = find_launchers(a.q.dtype, dm.head_dim);
   MAGI_CHECK(launch.main != nullptr, "GPU backward: no kernel for q dtype ", dtype_name(a.q.dtype),
-             " and head dim ", dm.head_dim, " (the sm90 backward has head dims 64 and 128 so far; "
+             " and head dim ", dm.head_dim, " (the sm90 backward has head dims 64, 128, 192 and 256; "
              "forward kernels built: ", MAGI_SM90_FWD_BUILT, ")");
   auto stream = reinterpret_cast<cudaStream_t>(stream_handle);
   const int device = a.q.device_idx;

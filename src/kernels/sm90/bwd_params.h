@@ -20,8 +20,11 @@
 
 namespace magi::kernels::sm90 {
 
-// Tile of the backward: 128 keys per CTA (64 per consumer warpgroup), query blocks of 64 rows.
-constexpr int bwd_block_n(int) { return 128; }
+// Tile of the backward: query blocks of 64 rows; 128 keys per CTA (64 per consumer warpgroup)
+// at D <= 128; 64 keys at D 192 and 256, where both consumer warpgroups own them, each with half
+// of D of dK and dV (bwd_split_d: 64 keys x D of both in fp32 do not fit one warpgroup).
+constexpr bool bwd_split_d(int head_dim) { return head_dim > 128; }
+constexpr int bwd_block_n(int head_dim) { return bwd_split_d(head_dim) ? 64 : 128; }
 constexpr int bwd_block_m(int) { return 64; }
 
 // The fp32 dq accumulator holds, per q head and block of 64 rows (blocks on the grid of 64
