@@ -161,29 +161,32 @@ TEST(Sm90Backward, AccumulateAddsIntoTheGivenGradients) {
   expect_grads(got, shifted(oracle::backward(mask, p)), shifted(naive), c.in, "accumulate");
 }
 
-TEST(Sm90Backward, HeadDim64) {
-  // D 64 splits dQ over the warpgroups' keys (both add into one accumulator chunk per block):
-  // dense, causal off the tiles, documents, overlapping slices, GQA, sinks, bf16 and fp16.
+TEST(Sm90Backward, HeadDims64192And256) {
+  // D 64 splits dQ over the warpgroups' keys (both add into one accumulator chunk per block);
+  // D 192 and 256 split dK and dV over D (64-key tiles, both warpgroups on the same keys; at
+  // 192 in 64-byte swizzle atoms, at 256 dQ in two pieces per warpgroup): dense, causal off
+  // the tiles, documents, overlapping slices, GQA, sinks, bf16 and fp16, where built.
   REQUIRE_GPU();
-  for (DType t : {DType::kBF16, DType::kF16}) {
-    Case c;
-    c.d = 64;
-    c.in = c.out = t;
-    const char* dt = t == DType::kBF16 ? "bf16" : "fp16";
-    check_backward(masks::full(300, 257), c, 1, std::string("D 64 full ") + dt);
-    check_backward(masks::causal(129, 400), c, 2, std::string("D 64 causal ") + dt);
-    check_backward(masks::varlen_causal(prefix_sums({5, 300, 3, 200, 64})), c, 3,
-                   std::string("D 64 varlen causal ") + dt);
-    const Mask overlap(300, 300,  // overlapping q ranges, no cell in two slices
-                       {Slice{{0, 300}, {0, 100}, MaskType::kFull},
-                        Slice{{50, 250}, {100, 300}, MaskType::kCausal},
-                        Slice{{250, 300}, {100, 300}, MaskType::kInvCausal}});
-    check_backward(overlap, c, 4, std::string("D 64 overlapping ") + dt);
-    c.hq = 8;
-    c.hkv = 2;
-    c.sink_len = 2;
-    check_backward(masks::causal(300, 300), c, 5, std::string("D 64 GQA sink ") + dt);
-  }
+  for (std::int64_t d : {64, 192, 256})
+    for (DType t : {DType::kBF16, DType::kF16}) {
+      Case c;
+      c.d = d;
+      c.in = c.out = t;
+      const std::string what = "D " + std::to_string(d) + (t == DType::kBF16 ? " bf16 " : " fp16 ");
+      if (!check_backward(masks::full(300, 257), c, 1, what + "full")) continue;
+      check_backward(masks::causal(129, 400), c, 2, what + "causal");
+      check_backward(masks::varlen_causal(prefix_sums({5, 300, 3, 200, 64})), c, 3,
+                     what + "varlen causal");
+      const Mask overlap(300, 300,  // overlapping q ranges, no cell in two slices
+                         {Slice{{0, 300}, {0, 100}, MaskType::kFull},
+                          Slice{{50, 250}, {100, 300}, MaskType::kCausal},
+                          Slice{{250, 300}, {100, 300}, MaskType::kInvCausal}});
+      check_backward(overlap, c, 4, what + "overlapping");
+      c.hq = 8;
+      c.hkv = 2;
+      c.sink_len = 2;
+      check_backward(masks::causal(300, 300), c, 5, what + "GQA sink");
+    }
 }
 
 TEST(Sm90Backward, Softcap) {
@@ -202,10 +205,13 @@ TEST(Sm90Backward, Softcap) {
   neg.opts.softcap = 5.0;
   neg.opts.softmax_scale = -0.2;
   check_backward(masks::full(200, 333), neg, 3, "softcap, negative scale");
-  Case d64;
-  d64.d = 64;
-  d64.opts.softcap = 5.0;
-  check_backward(masks::varlen_causal(prefix_sums({5, 300, 3, 200})), d64, 4, "softcap D 64");
+  for (std::int64_t d : {64, 192, 256}) {
+    Case other;
+    other.d = d;
+    other.opts.softcap = 5.0;
+    check_backward(masks::varlen_causal(prefix_sums({5, 300, 3, 200})), other, 4,
+                   "softcap D " + std::to_string(d));
+  }
 }
 
 TEST(Sm90Backward, DeterministicIsBitwiseRepeatable) {
@@ -217,7 +223,7 @@ TEST(Sm90Backward, DeterministicIsBitwiseRepeatable) {
                       Slice{{0, 700}, {300, 600}, MaskType::kCausal},
                       Slice{{350, 700}, {0, 300}, MaskType::kInvCausal}});
   const Mask docs = masks::varlen_causal(prefix_sums({5, 300, 3, 200, 64, 129}));
-  for (std::int64_t d : {128, 64})
+  for (std::int64_t d : {128, 64, 192, 256})
     for (const Mask* mask : {&overlap, &docs}) {
       Case c;
       c.d = d;
@@ -244,7 +250,7 @@ TEST(Sm90Backward, OneCtaOnAUserStream) {
   // 4 q heads it did not finish in 245 s on the H200).
   std::mt19937_64 rng(61);
   const Mask mask = testing::packed_documents(rng, 400);
-  for (std::int64_t d : {128, 64})
+  for (std::int64_t d : {128, 64, 192, 256})
     for (bool deterministic : {false, true}) {
       Case c;
       c.d = d;
@@ -257,14 +263,58 @@ TEST(Sm90Backward, OneCtaOnAUserStream) {
     }
 }
 
-TEST(Sm90Backward, WhatIsNotBuiltYetIsAnError) {
+TEST(Sm90Backward, OutAndDqOffTheSixteenByteGrid) {
+  // out and dq as views with rows H * D + 1 elements apart (rows off 16-byte boundaries): the
+  // row pass and the dq pass take their per-element paths instead of 16-byte accesses; bf16
+  // and fp32 (accumulate) dq; the same rule against the oracle.
   REQUIRE_GPU();
-  const Mask mask = masks::causal(64, 64);
-  Case d192;
-  d192.d = 192;
-  if (built(d192.in, 192)) {
-    const Problem p192 = make_problem(mask, d192, 1);
-    expect_error([&] { run_backward(mask, p192, d192); }, "head dims 64 and 128 so far");
+  const Mask mask = masks::varlen_causal(prefix_sums({5, 300, 3, 200}));
+  for (bool accumulate : {false, true}) {
+    Case c;
+    c.hq = 4;
+    c.hkv = 2;
+    if (!built(c.in, c.d)) return;
+    const Problem p = make_problem(mask, c, 12);
+    const std::int64_t row = p.heads_q * p.head_dim, pitch = row + 1;
+    const std::vector<std::int64_t> shape{p.num_q, p.heads_q, p.head_dim},
+        strides{pitch, p.head_dim, 1};
+    const DType grad = accumulate ? DType::kF32 : c.in;
+    const std::size_t out_es = std::size_t(dtype_size(c.out)), dq_es = std::size_t(dtype_size(grad));
+    DeviceMem out(std::size_t(p.num_q * pitch) * out_es), dq(std::size_t(p.num_q * pitch) * dq_es);
+    out.fill_nan();
+    dq.fill_nan();
+    GpuCall fwd(p, c);
+    FwdArgs fa = fwd.args();
+    fa.out = device_view(out.get(), c.out, shape, strides);
+    attn_forward(mask, fa, c.opts);
+    sync("forward");
+    if (accumulate) {  // dq starts at 0 (the padding stays NaN)
+      const std::vector<unsigned char> zeros(std::size_t(row) * dq_es, 0);
+      for (std::int64_t q = 0; q < p.num_q; ++q)
+        cuda_ok(cudaMemcpy(static_cast<unsigned char*>(dq.get()) + std::size_t(q * pitch) * dq_es,
+                           zeros.data(), zeros.size(), cudaMemcpyHostToDevice),
+                "dq zeroing");
+    }
+    DevTensor dout(c.in, shape), dk(grad, {p.num_k, p.heads_kv, p.head_dim}),
+        dv(grad, {p.num_k, p.heads_kv, p.head_dim});
+    dout.upload(p.dout);
+    if (accumulate)
+      for (DevTensor* t : {&dk, &dv})
+        t->upload(std::vector<double>(std::size_t(numel_of(t->shape)), 0.0));
+    BwdArgs a{dout.view, fwd.q.view, fwd.k.view, fwd.v.view,
+              fa.out,    fwd.lse.view, device_view(dq.get(), grad, shape, strides),
+              dk.view,   dv.view,      std::nullopt, std::nullopt};
+    AttnOptions opts = c.opts;
+    opts.accumulate = accumulate;
+    attn_backward(mask, a, opts);
+    sync("backward");
+    // dq's rows without their padding element.
+    const std::vector<double> padded = decode(grad, dq.download());
+    BwdGot got{{}, dk.download(), dv.download(), {}};
+    for (std::int64_t q = 0; q < p.num_q; ++q)
+      got.dq.insert(got.dq.end(), padded.begin() + q * pitch, padded.begin() + q * pitch + row);
+    expect_grads(got, oracle::backward(mask, p), naive_backward(mask, p, c.in, grad), c.in,
+                 accumulate ? "rows H * D + 1 apart, accumulate" : "rows H * D + 1 apart");
   }
 }
 

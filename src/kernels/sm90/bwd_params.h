@@ -20,8 +20,11 @@
 
 namespace magi::kernels::sm90 {
 
-// Tile of the backward: 128 keys per CTA (64 per consumer warpgroup), query blocks of 64 rows.
-constexpr int bwd_block_n(int) { return 128; }
+// Tile of the backward: query blocks of 64 rows; 128 keys per CTA (64 per consumer warpgroup)
+// at D <= 128; 64 keys at D 192 and 256, where both consumer warpgroups own them, each with half
+// of D of dK and dV (bwd_split_d: 64 keys x D of both in fp32 do not fit one warpgroup).
+constexpr bool bwd_split_d(int head_dim) { return head_dim > 128; }
+constexpr int bwd_block_n(int head_dim) { return bwd_split_d(head_dim) ? 64 : 128; }
 constexpr int bwd_block_m(int) { return 64; }
 
 // The fp32 dq accumulator holds, per q head and block of 64 rows (blocks on the grid of 64
@@ -73,6 +76,7 @@ struct BwdParams {
   float softcap = 0;        // logit cap c (0: none): l = c tanh(scale * q.k / c)
   bool accumulate = false;  // dq, dk, dv (fp32) hold partial gradients to add to
   bool dkv_pairs = false;   // dk's and dv's strides and pointers let two adjacent columns go as one store
+  bool dq_vec = false;      // dq's strides and pointer let 8 adjacent columns go as 16-byte stores
   // Deterministic mode: each block's dq chunk is added in a fixed order, its turn (a ticket of
   // the work image, device_work.h) awaited on the block's counter.
   bool deterministic = false;

@@ -238,6 +238,32 @@ __device__ inline bool covers(const Piece& pc, int r0, int rows, int kb, int blo
          kb - (r0 + rows - 1) >= pc.lo && kb + block_n - 1 - r0 <= pc.hi;
 }
 
+// The element mask of a block that a piece does not cover, one fragment row at a time (every
+// slice type is a band lo <= k - q <= hi, mask.h): the query rows that see key k, or the keys
+// that row q sees, form one interval [first, last] (64-bit: k - hi and q + hi may pass the
+// int range; empty when k or q is outside the piece).
+struct Interval {
+  long long first, last;
+};
+__device__ inline Interval rows_seeing_key(const Piece& pc, int k) {
+  if (k < pc.k0 || k >= pc.k1) return {1, 0};
+  return {max((long long)pc.q0, (long long)k - pc.hi), min((long long)pc.q1 - 1, (long long)k - pc.lo)};
+}
+__device__ inline Interval keys_seen_by_row(const Piece& pc, int q) {
+  if (q < pc.q0 || q >= pc.q1) return {1, 0};
+  return {max((long long)pc.k0, (long long)q + pc.lo), min((long long)pc.k1 - 1, (long long)q + pc.hi)};
+}
+// The interval as offsets from `base` (the thread's first column), clamped to [-1, n]: a
+// column at offset o in [0, n) is seen iff lo <= o <= hi. A fragment's column offsets are
+// constants of its layout, so a cell costs two compares.
+struct Offsets {
+  int lo, hi;
+};
+__device__ inline Offsets offsets_from(Interval iv, int base, int n) {
+  auto clip = [n](long long v) { return int(v < -1 ? -1 : v > n ? n : v); };
+  return {clip(iv.first - base), clip(iv.last - base)};
+}
+
 // Programmatic dependent launch (sm90): the pre-pass lets the forward kernel, launched as its
 // dependent, start its CTAs early; the kernel waits for the pre-pass's completion and memory
 // before its first global access. Both are no-ops without the launch attribute.

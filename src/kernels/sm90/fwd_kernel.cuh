@@ -413,16 +413,17 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
       // per-cell test: docs/numerics.md says what that leaves.
       const bool full = bi.flags & (detail::BlockInfo::kFullRows << wg);
       if (!full) {
+        // Per row the keys it sees, as column offsets (detail::offsets_from): two compares
+        // per cell.
+        const int k_first = kb + get<1>(cS(0, 0));
         CUTE_UNROLL
         for (int i = 0; i < kRows; ++i) {
-          const int q = q0 + get<0>(cS(i, 0));
-          const bool row_in = q >= pc.q0 && q < pc.q1;
+          const detail::Offsets o = detail::offsets_from(
+              detail::keys_seen_by_row(pc, q0 + get<0>(cS(i, 0))), k_first, kBN);
           CUTE_UNROLL
           for (int jj = 0; jj < size<1>(S); ++jj) {
-            const int k = kb + get<1>(cS(i, jj));
-            const bool visible = row_in && k >= pc.k0 && k < pc.k1 && k - q >= pc.lo &&
-                                 k - q <= pc.hi;
-            if (!visible) S(i, jj) = -INFINITY;
+            const int off = get<1>(cS(i, jj)) - get<1>(cS(0, 0));  // a constant
+            if (!(off >= o.lo && off <= o.hi)) S(i, jj) = -INFINITY;
           }
         }
       }
