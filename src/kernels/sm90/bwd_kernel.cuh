@@ -16,7 +16,7 @@
 //   2-stage ring, with what the consumers need to know of each block (BwdBlockInfo); its
 //   second warp is the dQ writer (one cp.reduce.async.bulk per warpgroup and block into
 //   dq_acc, which holds each block in the dQ product's fragment order: bwd_params.h); its
-//   third and fourth warps are the K checker (NaN/inf rows of each K tile, below);
+//   third and fourth warps are the checker (NaN/inf rows of Q, dO and K tiles, below);
 // - two consumer warpgroups own 64 keys each of the 128-key tile: per block, S^T = K Q^T and
 //   dP^T = V dO^T (keys in rows: P^T and dS^T are then the A operands of the dV and dK
 //   products straight from registers), and each computes half of D of dQ = dS K (at D 64: all
@@ -28,10 +28,11 @@
 // Masking: a block whose corners the piece does not cover gets P = dS = 0 on the cells it does
 // not see (set, not multiplied: a NaN in K or V there must not leak). NaN/inf rule
 // (docs/numerics.md): a non-finite value in a row of Q, dO or K that a block's cell does not
-// see must not reach the products through that 0 (0 * NaN); the row pass flags such Q / dO rows
-// (q_bad) and the consumers zero them in the block's stage, and the K checker warps zero such
-// K rows in the tile, whose cells that see them get P = NaN. V needs nothing: dP^T is masked by
-// selection.
+// see must not reach the products through that 0 (0 * NaN). The row pass flags such Q / dO
+// rows (q_bad); the checker warps zero them in each block's stage, and zero the rows of each K
+// tile that hold one (they scan it), before the consumers read them. The cells that see such a
+// row are NaN through their row's lse (the row pass's or the forward's). V needs nothing: dP^T
+// is masked by selection.
 //
 // Deterministic mode: dK and dV have one owner and dsink sums in a fixed order already; each
 // block's dQ chunk is added in its ticket's turn (dq_tickets, work_list.h), so the fp32 sums
@@ -254,7 +255,7 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
   using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
   constexpr int kBM = C::kBlockM, kBW = C::kKeysPerWG;
   static_assert(kBM == 64, "q_bad holds a 64-bit word per query block");
-  constexpr int kCheckers = 64;  // warps 2 and 3 of the producer warpgroup: the K checker
+  constexpr int kCheckers = 64;  // warps 2 and 3 of the producer warpgroup: the checker
   constexpr int kBarCheck = 4;   // their named barrier
   const BwdParams& p = kp.p;
 
