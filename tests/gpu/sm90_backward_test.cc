@@ -322,7 +322,7 @@ TEST(Sm90Backward, NanAndInfFollowTheRule) {
       ++ran;
       const std::string tag = " D " + std::to_string(d);
       auto holes = [&](Problem& p) {  // no slice covers rows / keys 100-109 and 300-309
-        for (std::int64_t t : {100, 104, 109, 300, 309}) {
+        for (std::int64_t t : {100, 104, 108, 300, 308}) {  // and t + 1
           for (std::int64_t h = 0; h < c.hq; ++h) {
             plant_row(p.q, t, h, c.hq, d, t % 2 ? nan : kInf);
             plant_row(p.dout, t + 1, h, c.hq, d, t % 2 ? -kInf : nan);
