@@ -240,111 +240,34 @@ TEST(Sm90Backward, DeterministicIsBitwiseRepeatable) {
     }
 }
 
-TEST(Sm90Backward, OneCtaOnAUserStream) {
-  // sm_margin larger than the SM count leaves one CTA for the backward and for its dq pass: it
-  // loops over every (k tile, head) item, reusing its rings, dS and dQ staging buffers from item
-  // to item; GQA, a sink and deterministic mode's tickets on the same CTA; the launches go to a
-  // user stream. scripts/gpu_test.sh runs this case under racecheck.
-  REQUIRE_GPU();
+// sm_margin larger than the SM count leaves one CTA for the backward and for its dq pass: it
+// loops over every (k tile, head) item, reusing its rings, dS and dQ staging buffers from item
+// to item; GQA, a sink and deterministic mode's tickets on the same CTA; the launches go to a
+// user stream. scripts/gpu_test.sh runs the D 128 case under racecheck. Small: racecheck tracks
+// every shared-memory access and barrier arrival (at 700 tokens and 4 q heads it did not
+// finish in 245 s on the H200).
+void one_cta_on_a_user_stream(std::int64_t d) {
   const UserStream stream;
-  // Small: racecheck tracks every shared-memory access and barrier arrival (at 700 tokens and
-  // 4 q heads it did not finish in 245 s on the H200).
   std::mt19937_64 rng(61);
   const Mask mask = testing::packed_documents(rng, 400);
-  for (std::int64_t d : {128, 64, 192, 256})
-    for (bool deterministic : {false, true}) {
-      Case c;
-      c.d = d;
-      c.hq = 2;
-      c.hkv = 1;
-      c.sink_len = 1;
-      c.opts.deterministic = deterministic;
-      stream.one_cta(c.opts);
-      check_backward(mask, c, 62, deterministic ? "one CTA, deterministic" : "one CTA");
-    }
+  for (bool deterministic : {false, true}) {
+    Case c;
+    c.d = d;
+    c.hq = 2;
+    c.hkv = 1;
+    c.sink_len = 1;
+    c.opts.deterministic = deterministic;
+    stream.one_cta(c.opts);
+    check_backward(mask, c, 62, deterministic ? "one CTA, deterministic" : "one CTA");
+  }
 }
-
-// docs/numerics.md on the GPU backward: NaN / inf planted in q, dout, k and v. The gradients the
-// rule makes NaN (oracle::backward says which) are NaN, and every other element is bit for bit
-// the clean run's (deterministic mode: the same sums in the same order), masked cells of the
-// same tiles and blocks included. Returns how many gradient elements came out NaN.
-std::int64_t expect_backward_rule(const Mask& mask, Case c,
-                                  const std::function<void(Problem&)>& plant,
-                                  const std::string& note) {
-  const std::string what = describe(c, mask) + " [" + note + "]";
-  SCOPED_TRACE(what);
-  c.opts.deterministic = true;
-  const Problem clean = make_problem(mask, c, 21);
-  Problem dirty = clean;
-  plant(dirty);
-  const BwdGot a = run_backward(mask, clean, c), b = run_backward(mask, dirty, c);
-  const oracle::BwdResult want = oracle::backward(mask, dirty);
-  std::int64_t nans = 0;
-  auto one = [&](const char* name, const std::vector<double>& base, const std::vector<double>& got,
-                 const std::vector<double>& w) {
-    std::int64_t not_nan = 0, changed = 0, first = -1;
-    for (std::size_t i = 0; i < w.size(); ++i) {
-      const bool ok = std::isnan(w[i]) ? std::isnan(got[i]) : got[i] == base[i];
-      nans += std::isnan(w[i]);
-      not_nan += std::isnan(w[i]) && !ok;
-      changed += !std::isnan(w[i]) && !ok;
-      if (!ok && first < 0) first = std::int64_t(i);
-    }
-    EXPECT_EQ(not_nan, 0) << name << ": elements the rule makes NaN that are not (first "
-                          << first / c.d << " of [row * heads + head])";
-    EXPECT_EQ(changed, 0) << name << ": elements that changed though they read no NaN/inf (first "
-                          << first / c.d << " of [row * heads + head])";
-  };
-  one("dq", a.dq, b.dq, want.dq);
-  one("dk", a.dk, b.dk, want.dk);
-  one("dv", a.dv, b.dv, want.dv);
-  return nans;
-}
-
-TEST(Sm90Backward, NanAndInfFollowTheRule) {
-  // Rows of q, dout, k and v that no cell sees share 64-row query blocks and key tiles with
-  // rows that are seen (document holes, a window's band): their NaN / inf must reach nothing.
-  // A NaN / inf in a row that is seen makes exactly the rule's gradients NaN: dq of the rows
-  // that read it, dk / dv of the keys those rows see.
+TEST(Sm90Backward, OneCtaOnAUserStreamD128) {
   REQUIRE_GPU();
-  const std::int64_t n = 512;
-  const Mask docs(n, n, {Slice{{0, 100}, {0, 100}, MaskType::kCausal},
-                         Slice{{110, 300}, {110, 300}, MaskType::kCausal},
-                         Slice{{310, 512}, {310, 512}, MaskType::kFull}});
-  const Mask window = masks::sliding_window(n, n, {100, 0});
-  const double nan = std::nan("");
-  int ran = 0;
-  for (std::int64_t d : {128, 64, 192, 256})
-    for (DType in : {DType::kBF16, DType::kF16}) {
-      Case c = with_dtype(Case{}, in);
-      c.d = d;
-      if (!built(c.in, c.d)) continue;
-      ++ran;
-      const std::string tag = " D " + std::to_string(d);
-      auto holes = [&](Problem& p) {  // no slice covers rows / keys 100-109 and 300-309
-        for (std::int64_t t : {100, 104, 108, 300, 308}) {  // and t + 1
-          for (std::int64_t h = 0; h < c.hq; ++h) {
-            plant_row(p.q, t, h, c.hq, d, t % 2 ? nan : kInf);
-            plant_row(p.dout, t + 1, h, c.hq, d, t % 2 ? -kInf : nan);
-          }
-          for (std::int64_t g = 0; g < c.hkv; ++g) {
-            plant_row(p.k, t, g, c.hkv, d, t % 2 ? nan : -kInf);
-            plant_row(p.v, t + 1, g, c.hkv, d, t % 2 ? kInf : nan);
-          }
-        }
-      };
-      EXPECT_EQ(expect_backward_rule(docs, c, holes, "holes only" + tag), 0);
-      EXPECT_GT(expect_backward_rule(docs, c, [&](Problem& p) {
-        holes(p);
-        plant_row(p.q, 150, 1, c.hq, d, nan, 3);     // seen: row 150 of head 1 poisoned
-        plant_row(p.dout, 400, 2, c.hq, d, kInf, 5);  // seen: row 400 of head 2
-      }, "holes, seen q and dout rows" + tag), 0);
-      EXPECT_GT(expect_backward_rule(window, c, [&](Problem& p) {
-        plant_row(p.k, 200, 1, c.hkv, d, nan, 0);  // seen by rows 200-300, not 192-199
-        plant_row(p.v, 420, 0, c.hkv, d, -kInf, 7);
-      }, "window, seen k and v rows" + tag), 0);
-    }
-  EXPECT_GT(ran, 0);
+  one_cta_on_a_user_stream(128);
+}
+TEST(Sm90Backward, OneCtaOnAUserStreamD64192And256) {
+  REQUIRE_GPU();
+  for (std::int64_t d : {64, 192, 256}) one_cta_on_a_user_stream(d);
 }
 
 TEST(Sm90Backward, OutAndDqOffTheSixteenByteGrid) {
