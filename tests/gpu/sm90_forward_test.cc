@@ -597,12 +597,6 @@ TEST(Sm90Forward, NanAndInfInUnseenRowsDoNotLeak) {
 // else the clean value. Returns how many rows came out NaN.
 using Planter = std::function<void(Problem&)>;
 
-void plant_row(std::vector<double>& xs, std::int64_t row, std::int64_t head, std::int64_t heads,
-               std::int64_t d, double x, std::int64_t col = -1) {
-  for (std::int64_t e = 0; e < d; ++e)
-    if (col < 0 || e == col) xs[std::size_t((row * heads + head) * d + e)] = x;
-}
-
 std::int64_t expect_rule(const Mask& mask, const Case& c, const Planter& plant,
                          const std::string& note) {
   const std::string what = describe(c, mask) + " [" + note + "]";

@@ -53,6 +53,13 @@ namespace magi::gputest {
 using oracle::FwdResult;
 using oracle::Problem;
 inline constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// Sets row `row` of head `head` of a [rows][heads][d] tensor to x (only column `col` if >= 0).
+inline void plant_row(std::vector<double>& xs, std::int64_t row, std::int64_t head,
+                      std::int64_t heads, std::int64_t d, double x, std::int64_t col = -1) {
+  for (std::int64_t e = 0; e < d; ++e)
+    if (col < 0 || e == col) xs[std::size_t((row * heads + head) * d + e)] = x;
+}
 #ifdef MAGI_GPU_TEST_BINARY
 // The skip line of this binary (the header comment); constexpr: one per translation unit.
 constexpr char kNoDevice[] = MAGI_GPU_TEST_BINARY ": no CUDA device";

@@ -1,8 +1,7 @@
 // Host side of the sm90 backward (bwd_params.h has the three launches): finds the key-tile work
 // list (resident in a PreparedMask, or built and uploaded per call), lays out the per-call
 // workspace (the caller's, or cudaMallocAsync per call), and queues the row pass, the main
-// kernel and the dq / dsink pass on the caller's stream. Work in progress: head dims 64 and
-// 128.
+// kernel and the dq / dsink pass on the caller's stream.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -30,7 +29,9 @@ __device__ inline float load_float(const void* x, std::int64_t i, OutType t) {
 struct RowsArgs {
   OutType out_type, dout_type;
   std::int32_t head_dim;
-  bool vec;  // out and dout 2-byte, their strides and pointers on 16-byte boundaries, D % 8 == 0
+  bool vec;    // q, out and dout 2-byte, their strides and pointers on 16-byte boundaries, D % 8 == 0
+  bool bf16;   // q and dout are bf16 (else fp16)
+  int lanes;   // per row: vec, the power of 2 at or above D / 8; else 32
 };
 
 // Two 2-byte values of type t (kBF16 or kF16) packed in w, as floats.
@@ -39,31 +40,33 @@ __device__ inline float2 unpack2(unsigned w, OutType t) {
   return __half22float2(*reinterpret_cast<const __half2*>(&w));
 }
 
-// A warp per (row, q head): Delta = rowsum(out * dout) in fp32 and lse in log2 units into the
-// workspace rows [Hq][rows_pad]; rows past num_q get lse +inf and Delta 0 (P = 0 there). A row
-// whose lse is finite but whose Delta is not (a NaN/inf in out or dout) gets lse NaN
-// (docs/numerics.md): the cells it sees give NaN gradients. The main kernel is this pass's
-// programmatic dependent.
-__global__ void bwd_rows(BwdParams p, RowsArgs ra) {
+// ra.lanes lanes per (row, q head), 256 threads a block: Delta = rowsum(out * dout) in fp32 and
+// lse in log2 units into the workspace rows [Hq][rows_pad]; rows past num_q get lse +inf and
+// Delta 0 (P = 0 there). Rows whose q or dout hold a NaN/inf get their bit in the block's word
+// of q_bad (the main kernel zeroes them in its Q / dO tiles, so that the 0 of P and dS on the
+// cells they do not see stays 0); such a row, or one whose Delta is not finite (a NaN/inf in
+// out), that sees a key (lse finite) gets lse NaN: the cells it sees give NaN gradients
+// (docs/numerics.md). The main kernel is this pass's programmatic dependent.
+constexpr int kRowThreads = 256;
+__global__ void __launch_bounds__(kRowThreads) bwd_rows(BwdParams p, RowsArgs ra) {
   detail::launch_dependents();
-  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
-  const std::int64_t row = std::int64_t(blockIdx.x) * 8 + warp;
+  const int lane = int(threadIdx.x) % 32, sub = lane % ra.lanes;
+  const std::int64_t row =
+      (std::int64_t(blockIdx.x) * kRowThreads + threadIdx.x) / ra.lanes;
   const int h = int(blockIdx.y);
-  if (row >= p.rows_pad) return;
-  float* lse2 = p.lse2 + std::int64_t(h) * p.rows_pad + row;
-  float* delta = p.delta + std::int64_t(h) * p.rows_pad + row;
-  if (row >= p.num_q) {
-    if (lane == 0) *lse2 = INFINITY, *delta = 0.f;
-    return;
-  }
+  const bool live = row < p.num_q;
   float acc = 0.f;
-  if (ra.vec) {  // 8 columns per lane, 16-byte loads (2-byte loads moved 1.3 TB/s)
+  bool bad = false;
+  if (live && ra.vec) {  // 8 columns per lane, 16-byte loads
     using U16 = unsigned short;
-    for (int c = lane * 8; c < ra.head_dim; c += 256) {
-      const uint4 o = *reinterpret_cast<const uint4*>(static_cast<const U16*>(p.out) +
-                                                      row * p.o_row + h * p.o_head + c);
-      const uint4 g = *reinterpret_cast<const uint4*>(static_cast<const U16*>(p.dout) +
-                                                      row * p.do_row + h * p.do_head + c);
+    for (int c = sub * 8; c < ra.head_dim; c += 8 * ra.lanes) {
+      const auto at = [&](const void* x, std::int64_t rs, std::int64_t hs) {
+        return *reinterpret_cast<const uint4*>(static_cast<const U16*>(x) + row * rs + h * hs + c);
+      };
+      const uint4 o = at(p.out, p.o_row, p.o_head), g = at(p.dout, p.do_row, p.do_head);
+      const uint4 q = at(p.q, p.q_row, p.q_head);
+      bad |= ra.bf16 ? detail::non_finite8<true>(q) || detail::non_finite8<true>(g)
+                     : detail::non_finite8<false>(q) || detail::non_finite8<false>(g);
       const unsigned ow[4] = {o.x, o.y, o.z, o.w}, gw[4] = {g.x, g.y, g.z, g.w};
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
@@ -71,17 +74,30 @@ __global__ void bwd_rows(BwdParams p, RowsArgs ra) {
         acc += a.x * b.x + a.y * b.y;
       }
     }
-  } else {
-    for (int c = lane; c < ra.head_dim; c += 32)
-      acc += load_float(p.out, row * p.o_row + h * p.o_head + c, ra.out_type) *
-             load_float(p.dout, row * p.do_row + h * p.do_head + c, ra.dout_type);
+  } else if (live) {
+    const OutType qt = ra.bf16 ? OutType::kBF16 : OutType::kF16;
+    for (int c = sub; c < ra.head_dim; c += 32) {
+      const float g = load_float(p.dout, row * p.do_row + h * p.do_head + c, ra.dout_type);
+      bad |= !isfinite(g) || !isfinite(load_float(p.q, row * p.q_row + h * p.q_head + c, qt));
+      acc += load_float(p.out, row * p.o_row + h * p.o_head + c, ra.out_type) * g;
+    }
   }
-  for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-  if (lane != 0) return;
+  for (int off = ra.lanes / 2; off > 0; off >>= 1) {
+    acc += __shfl_xor_sync(0xffffffffu, acc, off);
+    bad = __shfl_xor_sync(0xffffffffu, int(bad), off) != 0 || bad;
+  }
+  if (sub != 0 || row >= p.rows_pad) return;
+  float* lse2 = p.lse2 + std::int64_t(h) * p.rows_pad + row;
+  float* delta = p.delta + std::int64_t(h) * p.rows_pad + row;
+  if (!live) {
+    *lse2 = INFINITY, *delta = 0.f;
+    return;
+  }
   const float lse = p.lse_in[row * p.lse_row + h * p.lse_head];
-  const bool poisoned = lse != -INFINITY && (!isfinite(lse) || !isfinite(acc));
+  const bool poisoned = lse != -INFINITY && (!isfinite(lse) || !isfinite(acc) || bad);
   *lse2 = poisoned ? __int_as_float(0x7fffffff) : lse * detail::kLog2e;
   *delta = acc;
+  if (bad) atomicOr(p.q_bad + std::int64_t(h) * (p.rows_pad / 64) + row / 64, 1ull << (row % 64));
 }
 
 // dsink_j = -sum_q exp(sink_j - lse_q) Delta_q (docs/semantics.md): per head over all rows for
@@ -228,19 +244,25 @@ void backward(const Mask& mask, const PreparedMask* prepared, const BwdArgs& a,
   p.rows_pad = ws.rows_pad;
   p.dq_acc = reinterpret_cast<float*>(base + ws.dq_off);
   p.turns = reinterpret_cast<std::int32_t*>(base + ws.turns_off);
+  p.q_bad = reinterpret_cast<unsigned long long*>(base + ws.q_bad_off);
   MAGI_CUDA_CHECK(cudaMemsetAsync(base, 0, 16, stream), "counter zeroing");
   MAGI_CUDA_CHECK(cudaMemsetAsync(p.dq_acc, 0, ws.bytes - ws.dq_off, stream),
-                  "dq accumulator and turn counters zeroing");
+                  "dq accumulator, turn counters and row flags zeroing");
 
   const auto vec16 = [](const TensorView& t) {
     return dtype_size(t.dtype) == 2 && t.stride[0] % 8 == 0 && t.stride[1] % 8 == 0 &&
            reinterpret_cast<std::uintptr_t>(t.data) % 16 == 0;
   };
+  int lanes = 32;
+  const bool vec = d % 8 == 0 && vec16(a.q) && vec16(a.out) && vec16(a.dout);
+  if (vec)
+    for (lanes = 1; lanes < d / 8;) lanes *= 2;
   const RowsArgs ra{out_type(a.out.dtype, "out"), out_type(a.dout.dtype, "dout"),
-                    std::int32_t(d), d % 8 == 0 && vec16(a.out) && vec16(a.dout)};
+                    std::int32_t(d), vec, a.q.dtype == DType::kBF16, lanes};
   {
-    const dim3 grid(unsigned((ws.rows_pad + 7) / 8), unsigned(dm.heads_q));
-    bwd_rows<<<grid, 256, 0, stream>>>(p, ra);
+    const std::int64_t threads = ws.rows_pad * lanes;
+    const dim3 grid(unsigned((threads + kRowThreads - 1) / kRowThreads), unsigned(dm.heads_q));
+    bwd_rows<<<grid, kRowThreads, 0, stream>>>(p, ra);
     MAGI_CUDA_CHECK(cudaGetLastError(), "row pass launch");
   }
   if (dm.num_k > 0 && dm.num_q > 0) {

@@ -15,7 +15,8 @@
 //   blocks, loading Q and dO (TMA) and lse / Delta (the lanes, from the workspace rows) into a
 //   2-stage ring, with what the consumers need to know of each block (BwdBlockInfo); its
 //   second warp is the dQ writer (one cp.reduce.async.bulk per warpgroup and block into
-//   dq_acc, which holds each block in the dQ product's fragment order: bwd_params.h);
+//   dq_acc, which holds each block in the dQ product's fragment order: bwd_params.h); its
+//   third and fourth warps are the checker (NaN/inf rows of Q, dO and K tiles, below);
 // - two consumer warpgroups own 64 keys each of the 128-key tile: per block, S^T = K Q^T and
 //   dP^T = V dO^T (keys in rows: P^T and dS^T are then the A operands of the dV and dK
 //   products straight from registers), and each computes half of D of dQ = dS K (at D 64: all
@@ -25,9 +26,13 @@
 // the warpgroups yet (the forward's schedule is the model for both).
 //
 // Masking: a block whose corners the piece does not cover gets P = dS = 0 on the cells it does
-// not see (set, not multiplied: a NaN in K or V there must not leak). NOT YET: the forward's
-// NaN/inf rule for rows of Q and dO inside a block but outside its piece (a NaN there reaches
-// dK / dV through the 0 of dS / P; docs/numerics.md).
+// not see (set, not multiplied: a NaN in K or V there must not leak). NaN/inf rule
+// (docs/numerics.md): a non-finite value in a row of Q, dO or K that a block's cell does not
+// see must not reach the products through that 0 (0 * NaN). The row pass flags such Q / dO
+// rows (q_bad); the checker warps zero them in each block's stage, and zero the rows of each K
+// tile that hold one (they scan it), before the consumers read them. The cells that see such a
+// row are NaN through their row's lse (the row pass's or the forward's). V needs nothing: dP^T
+// is masked by selection.
 //
 // Deterministic mode: dK and dV have one owner and dsink sums in a fixed order already; each
 // block's dQ chunk is added in its ticket's turn (dq_tickets, work_list.h), so the fp32 sums
@@ -58,6 +63,7 @@ namespace detail {
 
 // One query block as the producer hands it to the consumers, beside its Q / dO stage.
 struct BwdBlockInfo {
+  unsigned long long bad;  // rows of the block whose q or dout hold a NaN/inf (bit r: row qb + r)
   Piece pc;
   int qb;    // first query row of the block
   int head;  // q head
@@ -213,12 +219,13 @@ struct BwdConfig {
     alignas(1024) T ds[cute::cosize_v<LayoutDS>];
     float lse2[kStages][kBlockM], delta[kStages][kBlockM];
     detail::BwdBlockInfo info[kStages];
-    alignas(8) cute::uint64_t kv_full, kv_empty;
-    cute::uint64_t q_full[kStages], q_empty[kStages];
+    alignas(8) cute::uint64_t kv_full, kv_empty, kv_checked;
+    cute::uint64_t q_full[kStages], q_empty[kStages], q_checked[kStages];
     cute::uint64_t item_full[2], item_empty[2];
     cute::uint64_t dq_full[kDQStages], dq_empty[kDQStages];
     std::int64_t item[2];
     detail::DqJob dq_job[2];
+    unsigned k_bad[kBlockN / 32];  // the tile's K rows holding a NaN/inf (the checker)
     // Each block's dQ (fp32, each warpgroup its half of D in fragment order: the consumers'
     // 16-byte stores are conflict-free), handed to the dQ writer warp, which adds each half
     // into the accumulator with one bulk reduction.
@@ -247,6 +254,9 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
   using Barrier = cutlass::arch::ClusterBarrier;
   using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
   constexpr int kBM = C::kBlockM, kBW = C::kKeysPerWG;
+  static_assert(kBM == 64, "q_bad holds a 64-bit word per query block");
+  constexpr int kCheckers = 64;  // warps 2 and 3 of the producer warpgroup: the checker
+  constexpr int kBarCheck = 4;   // their named barrier
   const BwdParams& p = kp.p;
 
   extern __shared__ char smem_raw[];
@@ -265,13 +275,15 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
   if (tid == 0) {
     TxBarrier::init(&s.kv_full, 1);
     Barrier::init(&s.kv_empty, C::kWarpgroups);
+    Barrier::init(&s.kv_checked, kCheckers);
     for (int i = 0; i < C::kStages; ++i) {
       TxBarrier::init(&s.q_full[i], 32);  // the producer lanes (lse2, delta, info)
       Barrier::init(&s.q_empty[i], C::kConsumerThreads);  // each reader of info, lse2, delta
+      Barrier::init(&s.q_checked[i], kCheckers);
     }
     for (int i = 0; i < 2; ++i) {
       Barrier::init(&s.item_full[i], 1);
-      Barrier::init(&s.item_empty[i], C::kConsumerThreads);
+      Barrier::init(&s.item_empty[i], C::kConsumerThreads + kCheckers);
     }
     for (int i = 0; i < C::kDQStages; ++i) {
       Barrier::init(&s.dq_full[i], C::kConsumerThreads);
@@ -285,7 +297,69 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
   if (warpgroup == 0) {
     // ---------------------------------------------------------------- producer
     cutlass::arch::warpgroup_reg_dealloc<C::kProducerRegs>();
-    if (tid >= 64) return;
+    if (tid >= 64) {
+      // The checker: rows holding a NaN/inf (docs/numerics.md) are zeroed in shared memory
+      // before the consumers read them, so that the 0 of P and dS on the cells that do not see
+      // them stays 0 in the products (0 * NaN): those of each item's K tile (found here; else
+      // dQ = dS K would carry them into every row of the tile's blocks), and those of Q and dO
+      // in each block (flagged by the row pass). The rows that see them are NaN through their
+      // lse: the forward's (a NaN/inf key) or the row pass's (a NaN/inf in q or dout).
+      const int t = tid - 64;
+      Tensor sKc = make_tensor(make_smem_ptr(s.k), typename C::LayoutKV{});
+      constexpr int kChunks = kD / 8;  // 16-byte chunks of a row: whole in every swizzle
+      constexpr bool kBf16 = std::is_same_v<T, cutlass::bfloat16_t>;
+      auto chunk = [&](int i) CUTLASS_LAMBDA_FUNC_INLINE {
+        return reinterpret_cast<uint4*>(raw_pointer_cast(&sKc(i / kChunks, i % kChunks * 8)));
+      };
+      int kv_seen = 0, blk_seen = 0;
+      for (int n = 0;; ++n) {
+        const detail::Ring slot = detail::ring<2>(n);
+        Barrier::wait(&s.item_full[slot.stage], slot.phase);
+        const std::int64_t item = s.item[slot.stage];
+        Barrier::arrive(&s.item_empty[slot.stage]);
+        if (item >= num_items) break;
+        const Tile tile = p.tiles[item / p.heads_kv];
+        if (tile.piece_begin == tile.piece_end) continue;
+        TxBarrier::wait(&s.kv_full, kv_seen & 1);
+        ++kv_seen;
+        // (The consumers read the last item's bits before that item freed K and V.)
+        if (t < C::kBlockN / 32) s.k_bad[t] = 0u;
+        detail::named_sync(kBarCheck, kCheckers);
+        for (int i = t; i < C::kBlockN * kChunks; i += kCheckers)
+          if (detail::non_finite8<kBf16>(*chunk(i))) atomicOr(&s.k_bad[i / kChunks / 32], 1u << (i / kChunks % 32));
+        detail::named_sync(kBarCheck, kCheckers);
+        unsigned any = 0;
+        CUTE_UNROLL
+        for (int w = 0; w < C::kBlockN / 32; ++w) any |= s.k_bad[w];
+        if (any != 0u) {
+          for (int i = t; i < C::kBlockN * kChunks; i += kCheckers)
+            if (s.k_bad[i / kChunks / 32] >> (i / kChunks % 32) & 1u) *chunk(i) = uint4{};
+          cutlass::arch::fence_view_async_shared();  // generic writes before the wgmma reads
+        }
+        Barrier::arrive(&s.kv_checked);
+        // The item's blocks, in the consumers' ring order, up to the one marked last.
+        for (;;) {
+          const detail::Ring r = detail::ring<C::kStages>(blk_seen++);
+          TxBarrier::wait(&s.q_full[r.stage], r.phase);
+          const detail::BwdBlockInfo bi = s.info[r.stage];
+          if (bi.bad != 0ull) {
+            Tensor sQc = make_tensor(make_smem_ptr(s.q), typename C::LayoutQ{});
+            Tensor sdOc = make_tensor(make_smem_ptr(s.dout), typename C::LayoutQ{});
+            for (int i = t; i < kBM * kChunks; i += kCheckers) {
+              const int row = i / kChunks, col = i % kChunks * 8;
+              if (bi.bad >> row & 1ull) {
+                *reinterpret_cast<uint4*>(raw_pointer_cast(&sQc(row, col, r.stage))) = uint4{};
+                *reinterpret_cast<uint4*>(raw_pointer_cast(&sdOc(row, col, r.stage))) = uint4{};
+              }
+            }
+            cutlass::arch::fence_view_async_shared();
+          }
+          Barrier::arrive(&s.q_checked[r.stage]);
+          if (bi.last) break;
+        }
+      }
+      return;
+    }
     if (tid >= 32) {
       // The dQ writer: for each staged block, one bulk reduction per warpgroup half (32 KB
       // at D 128 in all) into the block's chunk of the fp32 accumulator, then the buffer back
@@ -367,6 +441,9 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
           // masked in its first one.
           for (int qb = pc.q0 / kBM * kBM; qb < pc.q1; qb += kBM) {
             const detail::Ring r = detail::ring<C::kStages>(blk++);
+            // The block's rows with a NaN/inf (the row pass), loaded before the wait.
+            const unsigned long long bad =
+                lane == 0 ? p.q_bad[std::int64_t(h) * (p.rows_pad / kBM) + qb / kBM] : 0ull;
             // Lane 0 polls; then each lane acquires the stage itself (one test, already
             // complete) before it overwrites what the consumers read (lse2, delta, info).
             if (lane == 0) Barrier::wait(&s.q_empty[r.stage], r.phase ^ 1);
@@ -384,7 +461,7 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
               const bool last = hh == group - 1 && pi == tile.piece_end - 1 && qb + kBM >= pc.q1;
               const int ticket =
                   p.deterministic ? p.tickets[p.tickets[pi] + qb / kBM - pc.q0 / kBM] : 0;
-              s.info[r.stage] = detail::BwdBlockInfo{pc, qb, h, last ? 1 : 0, ticket};
+              s.info[r.stage] = detail::BwdBlockInfo{bad, pc, qb, h, last ? 1 : 0, ticket};
             }
             // Each lane's arrival releases its own stores (q_full counts the 32 lanes).
             if (lane == 0) {
@@ -493,10 +570,12 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
     clear(tdVrdV);
     if (tile.piece_begin < tile.piece_end) {
       TxBarrier::wait(&s.kv_full, kv_uses & 1);
+      Barrier::wait(&s.kv_checked, kv_uses & 1);
       ++kv_uses;
       for (;;) {
         const detail::Ring r = detail::ring<C::kStages>(blk++);
         TxBarrier::wait(&s.q_full[r.stage], r.phase);
+        Barrier::wait(&s.q_checked[r.stage], r.phase);
         const detail::BwdBlockInfo bi = s.info[r.stage];
         const Piece& pc = bi.pc;
         const bool full = detail::covers(pc, bi.qb, kBM, kw, kBW);

@@ -3,8 +3,8 @@
 //
 // The backward runs in three launches on the caller's stream (backward.cu):
 // 1. bwd_rows: per (query row, q head) Delta = rowsum(out * dout) and lse in log2 units, into
-//    head-major fp32 rows of the workspace (a memset before it zeroes the dq accumulator and
-//    the turn counters).
+//    head-major fp32 rows of the workspace, and the flags of q / dout rows holding a NaN/inf (a
+//    memset before it zeroes the dq accumulator, the turn counters and the flags).
 // 2. the main kernel (bwd_kernel.cuh): one CTA per (key tile, kv head) item, over every q head
 //    of the group and every query block of the tile's pieces; dK, dV in registers, written
 //    once by their owner; dQ added into the fp32 accumulator with bulk reductions.
@@ -41,9 +41,11 @@ constexpr int bwd_dq_chunk(int head_dim) {
 // The per-call workspace, 16-byte aligned pieces: the scheduler's counter, lse (log2 units)
 // and Delta as [Hq][rows_pad] fp32 (rows padded to whole query blocks, the padding lse +inf so
 // that P = 0 there), then the dq accumulator [Hq][rows_pad / 64][64 * D] (above), then the
-// deterministic mode's int32 turn counters [Hq][rows_pad / 64] (zeroed with the accumulator).
+// deterministic mode's int32 turn counters [Hq][rows_pad / 64] and the row flags q_bad, a
+// 64-bit word per q head and block (bit r: row 64 b + r of q or dout holds a NaN/inf); the
+// three zeroed by one memset per call.
 struct BwdWorkspaceLayout {
-  std::size_t lse_off = 16, delta_off = 0, dq_off = 0, turns_off = 0, bytes = 0;
+  std::size_t lse_off = 16, delta_off = 0, dq_off = 0, turns_off = 0, q_bad_off = 0, bytes = 0;
   std::int64_t rows_pad = 0;
 };
 constexpr BwdWorkspaceLayout bwd_workspace_layout(std::int64_t num_q, std::int64_t heads_q,
@@ -51,10 +53,12 @@ constexpr BwdWorkspaceLayout bwd_workspace_layout(std::int64_t num_q, std::int64
   BwdWorkspaceLayout l;
   l.rows_pad = (num_q + 63) / 64 * 64;
   const std::size_t rows = std::size_t(l.rows_pad) * std::size_t(heads_q) * 4;
+  const std::size_t blocks = std::size_t(l.rows_pad / 64) * std::size_t(heads_q);
   l.delta_off = l.lse_off + (rows + 15) / 16 * 16;
   l.dq_off = l.delta_off + (rows + 15) / 16 * 16;
   l.turns_off = l.dq_off + rows * std::size_t(head_dim);
-  l.bytes = l.turns_off + std::size_t(l.rows_pad / 64) * std::size_t(heads_q) * 4;
+  l.q_bad_off = l.turns_off + (blocks * 4 + 15) / 16 * 16;
+  l.bytes = l.q_bad_off + blocks * 8;
   return l;
 }
 
@@ -82,6 +86,8 @@ struct BwdParams {
   bool deterministic = false;
   const std::int32_t* tickets = nullptr;
   std::int32_t* turns = nullptr;  // [Hq][rows_pad / 64]
+  // Rows of q or dout with a NaN/inf, a word per q head and block of 64 rows (the row pass).
+  unsigned long long* q_bad = nullptr;  // [Hq][rows_pad / 64]
   // Work list (key tiles, TileAxis::kKey) on the device and the scheduler's counter.
   const Tile* tiles = nullptr;
   const Piece* pieces = nullptr;
