@@ -64,6 +64,7 @@ from .dist import (
 )
 from .compat import (clear_cache, compute_pad_size, get_most_recent_key, magi_attn_flex_dispatch,
                      magi_attn_varlen_dispatch, roll_simple, squash_batch_dim)
+from .qk_clip import QKClipFactors, qk_clip_, qk_clip_factors
 from .viz import plot_mask, plot_plan, save_mask_png
 from .info import info
 
@@ -75,6 +76,7 @@ except Exception:  # not installed as a distribution (e.g. a build tree on sys.p
     __version__ = "0.0.0+unknown"
 
 __all__ = [
+    "QKClipFactors", "qk_clip_", "qk_clip_factors",
     "AttnForwardMeta", "AttnMask", "AttnMaskType", "AttnRange", "AttnRanges", "Mask",
     "RangeError", "check_valid_cu_seqlens", "is_valid_cu_seqlens",
     "clear_cache", "compute_pad_size", "get_most_recent_key", "magi_attn_flex_dispatch",
