@@ -93,7 +93,7 @@ void attn_backward(const PreparedMask& mask, const BwdArgs& args, const AttnOpti
 // Bytes of FwdArgs::workspace for a GPU forward over num_k key tokens and heads_kv kv heads.
 std::size_t attn_forward_workspace_bytes(std::int64_t num_k, std::int64_t heads_kv);
 // Bytes of BwdArgs::workspace for a GPU backward over num_q query tokens, heads_q q heads and
-// head dim head_dim: 4 * Hq * R * (D + 2) + 4 * Hq * R / 64 + 16 with R = Nq rounded up to 64.
+// head dim head_dim: 4 * Hq * R * (D + 2) + 12 * Hq * R / 64 + 16 with R = Nq rounded up to 64.
 std::size_t attn_backward_workspace_bytes(std::int64_t num_q, std::int64_t heads_q,
                                           std::int64_t head_dim);
 void attn_backward(const Mask& mask, const BwdArgs& args, const AttnOptions& opts = {});

@@ -157,13 +157,13 @@ TEST(PreparedMask, WorkspaceBytesGrowWithKeysAndHeads) {
 }
 
 TEST(PreparedMask, BackwardWorkspaceBytesFollowTheHeaderFormula) {
-  // attention.h: 4 Hq R (D + 2) + 4 Hq R / 64 + 16, R = Nq rounded up to 64.
+  // attention.h: 4 Hq R (D + 2) + 12 Hq R / 64 + 16, R = Nq rounded up to 64.
   for (std::int64_t nq : {0, 1, 63, 64, 65, 1000, 1 << 20})
     for (std::int64_t hq : {1, 3, 32})
       for (std::int64_t d : {64, 128}) {
         const std::size_t r = std::size_t((nq + 63) / 64 * 64);
         EXPECT_EQ(attn_backward_workspace_bytes(nq, hq, d),
-                  4 * std::size_t(hq) * r * std::size_t(d + 2) + 4 * std::size_t(hq) * r / 64 + 16)
+                  4 * std::size_t(hq) * r * std::size_t(d + 2) + 12 * std::size_t(hq) * r / 64 + 16)
             << "Nq " << nq << " Hq " << hq << " D " << d;
       }
   EXPECT_THROW(attn_backward_workspace_bytes(-1, 1, 128), Error);

@@ -41,11 +41,12 @@ constexpr int bwd_dq_chunk(int head_dim) {
 // The per-call workspace, 16-byte aligned pieces: the scheduler's counter, lse (log2 units)
 // and Delta as [Hq][rows_pad] fp32 (rows padded to whole query blocks, the padding lse +inf so
 // that P = 0 there), then the dq accumulator [Hq][rows_pad / 64][64 * D] (above), then the
-// deterministic mode's int32 turn counters [Hq][rows_pad / 64] and the row flags q_bad, a
-// 64-bit word per q head and block (bit r: row 64 b + r of q or dout holds a NaN/inf); the
-// three zeroed by one memset per call.
+// row flags q_bad, a 64-bit word per q head and block (bit r: row 64 b + r of q or dout holds
+// a NaN/inf), and the deterministic mode's int32 turn counters [Hq][rows_pad / 64]; the three
+// zeroed by one memset per call. In all 16 + 4 Hq R (D + 2) + 12 Hq R / 64 bytes, R = rows_pad
+// (attention.h).
 struct BwdWorkspaceLayout {
-  std::size_t lse_off = 16, delta_off = 0, dq_off = 0, turns_off = 0, q_bad_off = 0, bytes = 0;
+  std::size_t lse_off = 16, delta_off = 0, dq_off = 0, q_bad_off = 0, turns_off = 0, bytes = 0;
   std::int64_t rows_pad = 0;
 };
 constexpr BwdWorkspaceLayout bwd_workspace_layout(std::int64_t num_q, std::int64_t heads_q,
@@ -56,9 +57,9 @@ constexpr BwdWorkspaceLayout bwd_workspace_layout(std::int64_t num_q, std::int64
   const std::size_t blocks = std::size_t(l.rows_pad / 64) * std::size_t(heads_q);
   l.delta_off = l.lse_off + (rows + 15) / 16 * 16;
   l.dq_off = l.delta_off + (rows + 15) / 16 * 16;
-  l.turns_off = l.dq_off + rows * std::size_t(head_dim);
-  l.q_bad_off = l.turns_off + (blocks * 4 + 15) / 16 * 16;
-  l.bytes = l.q_bad_off + blocks * 8;
+  l.q_bad_off = l.dq_off + rows * std::size_t(head_dim);
+  l.turns_off = l.q_bad_off + blocks * 8;
+  l.bytes = l.turns_off + blocks * 4;
   return l;
 }
 
