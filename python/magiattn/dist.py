@@ -29,7 +29,7 @@ import numpy as np
 
 from .functional import AttnForwardMeta, _compute_dtype, _is_torch
 from .masks import Mask, infer_attn_mask_from_cu_seqlens, make_mask
-from .plan import DistAttnConfig, PlanLike, load_plan, plan_json
+from .plan import DistAttnConfig, PlanLike, load_plan
 
 __all__ = ["Communicator", "DistAttnRuntimeKey", "calc_attn", "calc_attn_backward", "dispatch",
            "get_position_ids", "magi_attn_flex_key", "magi_attn_varlen_key", "roll",
@@ -140,8 +140,13 @@ class DistAttnRuntimeKey:
     handle that ``dispatch``, ``calc_attn``, ``undispatch``, ``roll`` and ``get_position_ids``
     take. Made by ``magi_attn_flex_key`` / ``magi_attn_varlen_key`` or ``from_plan``."""
 
-    def __init__(self, mask: Mask, plan_text: str, comm: Communicator, num_heads_q: int,
-                 num_heads_kv: int, head_dim: int, config: DistAttnConfig):
+    def __init__(self, mask: Mask, plan: Any, comm: Communicator, num_heads_q: int,
+                 num_heads_kv: int, head_dim: int, config: DistAttnConfig,
+                 plan_text: Optional[str] = None):
+        """``plan``: the ``magiattn._dist.Plan`` of ``mask`` (``make_plan``'s C++ value);
+        ``plan_text`` only for a plan that came as JSON (``from_plan``): every rank's must
+        agree. A plan made from the mask and config is a function of them, so they are what
+        the ranks compare."""
         for name, value in (("num_heads_q", num_heads_q), ("num_heads_kv", num_heads_kv),
                             ("head_dim", head_dim)):
             if int(value) != value or value <= 0:
@@ -149,7 +154,6 @@ class DistAttnRuntimeKey:
         if num_heads_q % num_heads_kv:
             raise ValueError(f"num_heads_q {num_heads_q} is not a multiple of num_heads_kv "
                              f"{num_heads_kv}")
-        plan = _lib().Plan.from_json(plan_text)
         if plan.cp != comm.size:
             raise ValueError(f"the plan is for cp {plan.cp} ranks but the cp group has "
                              f"{comm.size} (a plan or key made for another world size)")
@@ -159,7 +163,7 @@ class DistAttnRuntimeKey:
         self.mask, self.comm, self.config = mask, comm, config
         self.num_heads_q, self.num_heads_kv, self.head_dim = (int(num_heads_q),
                                                               int(num_heads_kv), int(head_dim))
-        self._plan, self._plan_text = plan, plan_text
+        self._plan, self._plan_text = plan, plan_text or ""
         self.cp_rank, self.cp_size = comm.rank, comm.size
         self.total_seqlen = plan.total_seqlen
         self.num_local_tokens = plan.rank_tokens(self.cp_rank)
@@ -189,13 +193,14 @@ class DistAttnRuntimeKey:
                   head_dim: int, cp_group_or_mesh: Any = None) -> "DistAttnRuntimeKey":
         """A key from a plan made earlier for ``mask`` (``make_plan``'s dict, or the JSON file
         of ``magiattn plan --json``); its cp must be the group's size."""
-        return cls(mask, json.dumps(load_plan(plan)), _group(cp_group_or_mesh), num_heads_q,
-                   num_heads_kv, head_dim, DistAttnConfig())
+        text = json.dumps(load_plan(plan))
+        return cls(mask, _lib().Plan.from_json(text), _group(cp_group_or_mesh), num_heads_q,
+                   num_heads_kv, head_dim, DistAttnConfig(), plan_text=text)
 
     @property
     def plan(self) -> dict:
         """The plan as ``make_plan`` returns it (for ``plot_plan`` and friends)."""
-        return json.loads(self._plan_text)
+        return json.loads(self._plan.to_json())
 
     def __repr__(self) -> str:
         return (f"DistAttnRuntimeKey({self.total_seqlen} tokens, rank {self.cp_rank} of "
@@ -250,8 +255,10 @@ def magi_attn_flex_key(q_ranges: Any, k_ranges: Any, attn_mask_type: Any, total_
     config = _config(dist_attn_config, chunk_size)
     mask = make_mask(q_ranges, k_ranges, attn_mask_type, total_seqlen_q, total_seqlen_k)
     comm = _group(cp_group_or_mesh)
-    key = DistAttnRuntimeKey(mask, plan_json(mask, comm.size, config), comm, num_heads_q,
-                             num_heads_kv, head_dim, config)
+    plan = _lib().make_plan(mask.total_seqlen_q, mask.total_seqlen_k, mask.q_ranges(),
+                            mask.k_ranges(), mask.attn_type_map(), comm.size, config.num_stages,
+                            config.chunk_size, config.algorithm, config.uneven)
+    key = DistAttnRuntimeKey(mask, plan, comm, num_heads_q, num_heads_kv, head_dim, config)
     _remember_key(cp_group_or_mesh, key)
     return key
 

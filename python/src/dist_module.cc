@@ -1,8 +1,9 @@
 // magiattn._dist module: MPI session, communicators and plans. MPI is initialised on first use
 // unless someone (mpi4py, the caller's C code) already did; we finalise only what we
 // initialised. A communicator comes from MPI_COMM_WORLD or from a Fortran handle (mpi4py's
-// comm.py2f()), so mpi4py is never a build dependency. The plan crosses from magiattn._C as
-// its JSON text (plan::plan_from_json), so the two modules share no C++ types.
+// comm.py2f()), so mpi4py is never a build dependency. The key's plan is made here (make_plan,
+// from the mask's ranges) and stays a C++ value; a saved plan arrives as its JSON text
+// (Plan.from_json). The two modules share no C++ types.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
@@ -19,8 +20,10 @@
 #include "arrays.h"
 #include "dist.h"
 #include "magi/error.h"
+#include "magi/mask.h"
 #include "magi/plan.h"
 #include "mpi_check.h"
+#include "plan_options.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -127,6 +130,9 @@ NB_MODULE(_dist, m) {
       .def_static(
           "from_json", [](const std::string& text) { return magi::plan::plan_from_json(text); },
           "text"_a)
+      .def(
+          "to_json", [](const magi::plan::DistPlan& p) { return p.to_json(); },
+          "The planner's JSON text of the plan")
       .def_prop_ro("cp", [](const magi::plan::DistPlan& p) { return int(p.ranks.size()); })
       .def_prop_ro("total_seqlen",
                    [](const magi::plan::DistPlan& p) { return p.dispatch.total_seqlen; })
@@ -148,5 +154,30 @@ NB_MODULE(_dist, m) {
             return magi::py::to_numpy(std::move(ids), {n});
           },
           "rank"_a, "Global token index of every local row of `rank` (int64 [local tokens])");
+  // The key's plan made here, a C++ value from the mask's ranges to the runtime (no JSON text
+  // between the modules; plan_options.h is the one reading of the options).
+  m.def(
+      "make_plan",
+      [](std::int64_t total_seqlen_q, std::int64_t total_seqlen_k, nb::handle q_ranges,
+         nb::handle k_ranges, nb::handle attn_type_map, int cp, int num_stages,
+         std::int64_t chunk_size, const std::string& algorithm, bool uneven) {
+        const std::vector<magi::Range> q = magi::py::read_ranges(q_ranges, "q_ranges");
+        const std::vector<magi::Range> k = magi::py::read_ranges(k_ranges, "k_ranges");
+        const magi::py::IntArray t = magi::py::read_ints(attn_type_map, "attn_type_map", 1);
+        MAGI_CHECK(q.size() == k.size() && t.values.size() == q.size(), "make_plan: ", q.size(),
+                   " q ranges, ", k.size(), " k ranges and ", t.values.size(), " types");
+        std::vector<magi::Slice> slices(q.size());
+        for (std::size_t i = 0; i < q.size(); ++i)
+          slices[i] = magi::Slice{q[i], k[i],
+                                  magi::mask_type_from_int(t.values[i], "attn_type_map")};
+        const magi::plan::PlanOptions opts =
+            magi::py::plan_options(cp, num_stages, chunk_size, algorithm, uneven);
+        nb::gil_scoped_release release;
+        return magi::plan::make_plan(magi::Mask(total_seqlen_q, total_seqlen_k, std::move(slices)),
+                                     opts);
+      },
+      "total_seqlen_q"_a, "total_seqlen_k"_a, "q_ranges"_a, "k_ranges"_a, "attn_type_map"_a,
+      "cp"_a, "num_stages"_a, "chunk_size"_a, "algorithm"_a, "uneven"_a,
+      "The plan of the mask (its ranges and int types) over `cp` ranks");
   magi::py::dist::bind_runtime(m);
 }

@@ -26,16 +26,6 @@ namespace {
 
 using namespace nb::literals;
 
-std::vector<Range> read_ranges(nb::handle obj, const char* name) {
-  const IntArray a = read_ints(obj, name, 2);
-  MAGI_CHECK(a.shape[1] == 2 || a.shape[0] == 0, name, ": shape [", a.shape[0], ", ", a.shape[1],
-             "] is not [N, 2]");
-  std::vector<Range> ranges(std::size_t(a.shape[0]));
-  for (std::size_t i = 0; i < ranges.size(); ++i)
-    ranges[i] = Range{a.values[2 * i], a.values[2 * i + 1]};
-  return ranges;
-}
-
 bool is_text(nb::handle h) { return nb::isinstance<nb::str>(h) || nb::isinstance<nb::bytes>(h); }
 
 // Types as ints (any integer array) or names ("causal"), mixed freely in a list; None = FULL.

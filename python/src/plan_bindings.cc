@@ -7,6 +7,7 @@
 #include "bindings.h"
 #include "magi/error.h"
 #include "magi/plan.h"
+#include "plan_options.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -16,15 +17,7 @@ namespace {
 
 std::string make_plan_json(const Mask& mask, int cp, int num_stages, std::int64_t chunk_size,
                            const std::string& algorithm, bool uneven) {
-  plan::PlanOptions opts;
-  opts.dispatch.cp = cp;
-  opts.dispatch.chunk_size = chunk_size;
-  opts.dispatch.uneven = uneven;
-  MAGI_CHECK(algorithm == "refined" || algorithm == "minheap", "algorithm '", algorithm,
-             "' is not \"refined\" or \"minheap\"");
-  opts.dispatch.algorithm = algorithm == "refined" ? plan::DispatchAlgorithm::kRefined
-                                                   : plan::DispatchAlgorithm::kMinHeap;
-  opts.num_stages = num_stages;
+  const plan::PlanOptions opts = plan_options(cp, num_stages, chunk_size, algorithm, uneven);
   nb::gil_scoped_release release;
   return plan::make_plan(mask, opts).to_json();
 }

@@ -1,6 +1,8 @@
 """Plans from Python: the JSON value of the C++ planner mapped back to global cells covers the
 mask exactly once, the bytes matrix matches the receive splits, and the plan pictures draw."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -64,3 +66,22 @@ def test_plot_plan(tmp_path):
     path = tmp_path / "plan.png"
     magiattn.plot_plan(plan, mask=mask, path=str(path))
     assert path.stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("cp", [1, 3])
+def test_the_runtime_module_plans_as_the_planner_api(rng, cp):
+    # The key's plan is made in magiattn._dist as a C++ value (no JSON between the modules);
+    # it is the plan that magiattn.make_plan returns for the same mask and config.
+    dist = pytest.importorskip("magiattn._dist", reason="magiattn built without MPI")
+    mask = _random_mask(rng, 192)
+    plan = dist.make_plan(192, 192, mask.q_ranges(), mask.k_ranges(), mask.attn_type_map(), cp,
+                          2, 16, "minheap", False)
+    assert plan.cp == cp and plan.total_seqlen == 192
+    assert json.loads(plan.to_json()) == magiattn.make_plan(mask, cp, num_stages=2, chunk_size=16,
+                                                           algorithm="minheap")
+    with pytest.raises(ValueError, match="algorithm 'fast' is not"):
+        dist.make_plan(192, 192, mask.q_ranges(), mask.k_ranges(), mask.attn_type_map(), cp, 2,
+                       16, "fast", False)
+    with pytest.raises(ValueError, match="make_plan: 1 q ranges, 2 k ranges"):
+        dist.make_plan(192, 192, [[0, 192]], [[0, 96], [96, 192]], [0], cp, 0, 0, "refined",
+                       False)
