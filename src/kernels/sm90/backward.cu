@@ -30,7 +30,7 @@ struct RowsArgs {
   OutType out_type, dout_type;
   std::int32_t head_dim;
   bool vec;    // q, out and dout 2-byte, their strides and pointers on 16-byte boundaries, D % 8 == 0
-  bool bf16;   // q and dout are bf16 (else fp16)
+  bool bf16;   // q is bf16 (else fp16)
   int lanes;   // per row: vec, the power of 2 at or above D / 8; else 32
 };
 
@@ -65,8 +65,9 @@ __global__ void __launch_bounds__(kRowThreads) bwd_rows(BwdParams p, RowsArgs ra
       };
       const uint4 o = at(p.out, p.o_row, p.o_head), g = at(p.dout, p.do_row, p.do_head);
       const uint4 q = at(p.q, p.q_row, p.q_head);
-      bad |= ra.bf16 ? detail::non_finite8<true>(q) || detail::non_finite8<true>(g)
-                     : detail::non_finite8<false>(q) || detail::non_finite8<false>(g);
+      bad |= (ra.bf16 ? detail::non_finite8<true>(q) : detail::non_finite8<false>(q)) ||
+             (ra.dout_type == OutType::kBF16 ? detail::non_finite8<true>(g)
+                                             : detail::non_finite8<false>(g));
       const unsigned ow[4] = {o.x, o.y, o.z, o.w}, gw[4] = {g.x, g.y, g.z, g.w};
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
