@@ -19,9 +19,8 @@
 //   third and fourth warps are the checker (NaN/inf rows of Q, dO and K tiles, below);
 // - two consumer warpgroups own 64 keys each of the 128-key tile: per block, S^T = K Q^T and
 //   dP^T = V dO^T (keys in rows: P^T and dS^T are then the A operands of the dV and dK
-//   products straight from registers), and each computes half of D of dQ = dS K (at D 64: all
-//   of D over its own 64 keys) from dS staged in shared memory by both. Softcap is a template
-//   flag (kCapped).
+//   products straight from registers), and each computes half of D of dQ = dS K from dS
+//   staged in shared memory by both. Softcap is a template flag (kCapped).
 // Correctness first: no intra-warpgroup overlap of softmax and products, no ping-pong between
 // the warpgroups yet (the forward's schedule is the model for both).
 //
@@ -144,10 +143,10 @@ struct BwdConfig {
   static constexpr int kStages = kD <= 192 ? 2 : 1;
   static constexpr int kDQStages = kSplitD ? 1 : 2;
   // One warpgroup's dQ of a block, in fragment order (bwd_params.h): 64 rows x D / 2 from all
-  // 128 keys, or at D 64 (kDQSplitKeys) 64 rows x D from the warpgroup's 64 keys.
-  static constexpr bool kDQSplitKeys = bwd_dq_split_keys(kD);
-  static constexpr int kDQCols = kDQSplitKeys ? kD : kD / kWarpgroups;
-  static constexpr int kDQChunks = kDQSplitKeys ? 1 : kWarpgroups;  // per block in dq_acc
+  // the tile's keys. (At D 64 each warpgroup once took all of D over its own 64 keys, both
+  // adding into one chunk: twice the accumulator traffic per FLOP of D 128.)
+  static constexpr int kDQCols = kD / kWarpgroups;
+  static constexpr int kDQChunks = kWarpgroups;  // per block in dq_acc
   static constexpr int kDQFloats = bwd_dq_chunk(kD);
   static_assert(kDQFloats == kBlockM * kDQCols && kDQFloats * kDQChunks == kBlockM * kD &&
                 kDQFloats % (4 * 128) == 0);
@@ -167,11 +166,11 @@ struct BwdConfig {
   static constexpr int kDQPieceCols = kDQCols <= 96 ? kDQCols : 64;
   static constexpr int kDQPieces = kDQCols / kDQPieceCols;
   using HDP = cute::Int<kDQPieceCols>;
-  using DQK = cute::Int<kDQSplitKeys ? kBlockN / kWarpgroups : kBlockN>;  // its keys
-  // Rows of D in 128-byte swizzle atoms (64 columns); at D 192 in 64-byte ones (32 columns), so
-  // that each warpgroup's 96 columns of the transposed Q, dO and K views (the MN-major B operands
-  // of its dK, dV and dQ products) are whole atoms.
-  using AtomK = std::conditional_t<kD == 192, cute::GMMA::Layout_K_SW64_Atom<T>,
+  using DQK = cute::Int<kBlockN>;  // the keys of the dQ product
+  // Rows of D in 128-byte swizzle atoms (64 columns); at D 64 and 192 in 64-byte ones (32
+  // columns), so that each warpgroup's 32 or 96 columns of the transposed Q, dO and K views (the
+  // MN-major B operands of its dK, dV and dQ products) are whole atoms.
+  using AtomK = std::conditional_t<kD == 64 || kD == 192, cute::GMMA::Layout_K_SW64_Atom<T>,
                                    cute::GMMA::Layout_K_SW128_Atom<T>>;
   using AtomMN = cute::GMMA::Layout_MN_SW128_Atom<T>;
   // K and V tiles (keys, D) and the Q / dO ring (rows, D, stage), rows of D as TMA loads them.
@@ -374,15 +373,9 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
         const std::int64_t chunk = std::int64_t(job.head) * q_blocks + job.qb / kBM;
         float* dst = p.dq_acc + chunk * C::kDQChunks * std::int64_t(C::kDQFloats);
         if (p.deterministic) detail::wait_turn(p.turns + chunk, job.ticket);
-        for (int w = 0; w < C::kWarpgroups; ++w) {
-          detail::bulk_reduce_add(dst + (C::kDQSplitKeys ? 0 : w * C::kDQFloats), s.dq[d.stage][w],
+        for (int w = 0; w < C::kWarpgroups; ++w)
+          detail::bulk_reduce_add(dst + w * C::kDQFloats, s.dq[d.stage][w],
                                   C::kDQFloats * int(sizeof(float)));
-          // At D 64 both halves add into one chunk: in a fixed order when deterministic.
-          if (C::kDQSplitKeys && p.deterministic && w + 1 < C::kWarpgroups) {
-            detail::bulk_commit();
-            detail::bulk_wait_all();
-          }
-        }
         detail::bulk_commit();
         if (p.deterministic)
           detail::pass_turn(p.turns + chunk);
@@ -659,12 +652,18 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
         for (int e = 0; e < size(tSrS); ++e) tPrP(e) = T(tSrS(e));
         CUTE_UNROLL
         for (int e = 0; e < size(tdPrdP); ++e) tdSrdS(e) = T(tdPrdP(e));
+        // With one dQ piece (D <= 192), dK is issued after dQ, so that the dQ store to the staging
+        // buffer runs under dK (FlashAttention-3's order); at D 256 dK goes with dV.
+        constexpr bool kLateDK = C::kDQPieces == 1;
+        auto issue_dk = [&]() CUTLASS_LAMBDA_FUNC_INLINE {
+          detail::wg_gemm_issue<true>(mma_kv, tdSrdS, thr_kv.partition_fragment_B(kv_cols(stage_of(s.q, typename C::LayoutQt{}, r.stage))),
+                                      tdKrdK, false);
+        };
         detail::wg_gemm_issue<true>(mma_kv, tPrP, thr_kv.partition_fragment_B(kv_cols(stage_of(s.dout, typename C::LayoutQt{}, r.stage))),
                                     tdVrdV, false);
-        detail::wg_gemm_issue<true>(mma_kv, tdSrdS, thr_kv.partition_fragment_B(kv_cols(stage_of(s.q, typename C::LayoutQt{}, r.stage))),
-                                    tdKrdK, false);
+        if constexpr (!kLateDK) issue_dk();
         // dS^T into shared memory as dS (rows, keys), once both warpgroups' dQ products of
-        // the previous block have completed, while dV and dK run (the stores only read the
+        // the previous block have completed, while dV (and dK) run (the stores only read the
         // registers the products read too).
         Tensor dS = make_tensor(tdSrdS.data(), detail::rowcol(tdPrdP.layout()));
         detail::named_sync(kBarDsFree, kPair);
@@ -688,8 +687,7 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
         ++dq_blocks;
         detail::named_sync(kBarDsFull, kPair);
         // dQ (unscaled) = dS K to the dQ writer (above), which adds the block into the
-        // accumulator: this warpgroup's half of D (or all of D over its keys at D 64) piece by
-        // piece into the staging buffer, element 4 v + e of thread t of piece n at float
+        // accumulator: this warpgroup's half of D piece by piece into the staging buffer, element 4 v + e of thread t of piece n at float
         // ((n * kVecs + v) * 128 + t) * 4 + e: the fragment order the dq pass reads back (the
         // pieces are the N tiles of the same MMA's partition of the chunk).
         const unsigned buf = dq_base + unsigned((dq_stage * C::kWarpgroups + wg) * C::kDQFloats * 4);
@@ -698,26 +696,29 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
         CUTE_UNROLL
         for (int n = 0; n < C::kDQPieces; ++n) {
           {
-            // This warpgroup's keys of dS and K (D 64), or all of the tile's and its columns.
-            constexpr bool kSplit = C::kDQSplitKeys;
-            Tensor tdQrdS = thr_dq.partition_fragment_A(
-                local_tile(make_tensor(opaque(s.ds), typename C::LayoutDS{}),
-                           Shape<typename C::BM, typename C::DQK>{}, make_coord(0, kSplit ? wg : 0)));
+            // All of the tile's keys of dS, this warpgroup's columns of K (piece n).
+            Tensor tdQrdS = thr_dq.partition_fragment_A(make_tensor(opaque(s.ds), typename C::LayoutDS{}));
             Tensor tdQrK = thr_dq.partition_fragment_B(
                 local_tile(make_tensor(opaque(s.k), typename C::LayoutKt{}),
-                           Shape<typename C::HDP, typename C::DQK>{},
-                           make_coord((kSplit ? 0 : wg) * C::kDQPieces + n, kSplit ? wg : 0)));
+                           Shape<typename C::HDP, typename C::DQK>{}, make_coord(wg * C::kDQPieces + n, 0)));
             detail::wg_gemm_issue(mma_dq, tdQrdS, tdQrK, tdQrdQ, true);
           }
-          warpgroup_wait<0>();
-          if (n == 0) {
+          if constexpr (kLateDK) {
+            issue_dk();
+            warpgroup_wait<1>();  // dV and dQ (dK may run)
             warpgroup_fence_operand(tdVrdV);
-            warpgroup_fence_operand(tdKrdK);
-            warpgroup_fence_operand(tPrP);  // the A operands of dV and dK, kept until here
-            warpgroup_fence_operand(tdSrdS);
+            warpgroup_fence_operand(tPrP);
+          } else {
+            warpgroup_wait<0>();
+            if (n == 0) {
+              warpgroup_fence_operand(tdVrdV);
+              warpgroup_fence_operand(tdKrdK);
+              warpgroup_fence_operand(tPrP);  // the A operands of dV and dK, kept until here
+              warpgroup_fence_operand(tdSrdS);
+              Barrier::arrive(&s.q_empty[r.stage]);  // each thread hands back its reads
+            }
           }
           warpgroup_fence_operand(tdQrdQ);
-          if (n == 0) Barrier::arrive(&s.q_empty[r.stage]);  // each thread hands back its reads
           CUTE_UNROLL
           for (int v = 0; v < kVecs; ++v)
             detail::st_shared(buf + 16u * unsigned((n * kVecs + v) * 128 + wtid), tdQrdQ(4 * v),
@@ -726,6 +727,12 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
         if (ctid == 0) s.dq_job[dq_stage] = detail::DqJob{bi.qb, bi.head, bi.ticket};
         cutlass::arch::fence_view_async_shared();  // generic stores before the bulk reads
         Barrier::arrive(&s.dq_full[dq_stage]);
+        if constexpr (kLateDK) {
+          warpgroup_wait<0>();  // dK: its reads of the Q stage done
+          warpgroup_fence_operand(tdKrdK);
+          warpgroup_fence_operand(tdSrdS);
+          Barrier::arrive(&s.q_empty[r.stage]);  // each thread hands back its reads
+        }
         if (bi.last) break;
       }
       if (leader) Barrier::arrive(&s.kv_empty);

@@ -28,15 +28,11 @@ constexpr int bwd_block_n(int head_dim) { return bwd_split_d(head_dim) ? 64 : 12
 constexpr int bwd_block_m(int) { return 64; }
 
 // The fp32 dq accumulator holds, per q head and block of 64 rows (blocks on the grid of 64
-// rows), 64 x D floats as chunks in the dQ product's fragment order (element 4 v + e of thread
-// t at float (v * 128 + t) * 4 + e): at D >= 128 each consumer warpgroup's half of D is a chunk;
-// at D 64 the warpgroups' products each cover all of D over their own keys and both add into
-// the block's one chunk. The main kernel adds a chunk with one bulk reduction, the dq pass reads
+// rows), 64 x D floats as two chunks, each consumer warpgroup's half of D (over all the tile's
+// keys), in the dQ product's fragment order (element 4 v + e of thread t at float
+// (v * 128 + t) * 4 + e). The main kernel adds a chunk with one bulk reduction, the dq pass reads
 // it back through the same partition.
-constexpr bool bwd_dq_split_keys(int head_dim) { return head_dim < 128; }
-constexpr int bwd_dq_chunk(int head_dim) {
-  return bwd_dq_split_keys(head_dim) ? 64 * head_dim : 64 * head_dim / 2;
-}
+constexpr int bwd_dq_chunk(int head_dim) { return 64 * head_dim / 2; }
 
 // The per-call workspace, 16-byte aligned pieces: the scheduler's counter, lse (log2 units)
 // and Delta as [Hq][rows_pad] fp32 (rows padded to whole query blocks, the padding lse +inf so
