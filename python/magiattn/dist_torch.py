@@ -21,12 +21,12 @@ from .functional import AttnForwardMeta
 def units(x: Tensor, name: str, rows: int, what: str):
     """The torch twin of ``dist._units``: x's rows as float16 units, and the way back."""
     x = x.detach().contiguous()
+    if x.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"{name}: on {x.device}, but the distributed runtime takes CPU or CUDA "
+                         "tensors")
     if x.dim() == 0 or x.shape[0] != rows:
         raise ValueError(f"{name}: {x.shape[0] if x.dim() else 'no'} rows (dim 0, shape "
                          f"{list(x.shape)}), but {what} has {rows}")
-    if x.device.type != "cpu":
-        raise ValueError(f"{name}: on {x.device}, but the distributed runtime moves host "
-                         "buffers (CPU tensors)")
     dtype, tail = x.dtype, x.shape[1:]
     row = tail.numel()
     wide = x.element_size() == 1 and row % 2 == 1

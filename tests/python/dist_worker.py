@@ -177,7 +177,7 @@ def check_torch_args(key):
            k, k, key, sink=np.zeros((2, HQ)))
     raises(ValueError, "x: 3 rows (dim 0, shape [3, 2])", magiattn.dispatch,
            torch.zeros(3, 2), key)
-    raises(ValueError, "x: on meta, but the distributed runtime moves host buffers",
+    raises(ValueError, "x: on meta, but the distributed runtime takes CPU or CUDA tensors",
            magiattn.dispatch, torch.empty(key.total_seqlen, 2, device="meta"), key)
     print(f"rank {key.cp_rank}: OK torch argument checks", flush=True)
 
