@@ -2,9 +2,11 @@
 // (src/comm/staging.h's seam: "device 0" memory is host memory here, so that the bookkeeping
 // runs on a machine without a GPU; the CUDA copies run in tests/gpu). Checked: casts keep the
 // rows they do not write; sums into one device output from several reductions in flight add
-// up; an in-place all_reduce; host Rows go through without a copy.
+// up; an in-place all_reduce; host Rows go through without a copy; every other operation
+// equals the MPI communicator's on host rows bit for bit.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <string>
@@ -110,6 +112,74 @@ TEST(DeviceStaging, AllReduceInPlaceAndHostRowsGoThrough) {
   EXPECT_TRUE(c->device_rows());
   EXPECT_EQ(c->size(), n);
   EXPECT_EQ(c->rank(), r);
+}
+
+// The other operations: staged on "device" rows, bit for bit what the MPI communicator gives on
+// host rows (all_gather_v, reduce_scatter, group_reduce avg, group_reduce_lse).
+TEST(DeviceStaging, EveryOtherOperationEqualsTheHostOneBitForBit) {
+  auto c = staged();
+  auto& w = world();
+  const int r = w.rank(), n = w.size();
+  std::mt19937_64 rng(test_seed() ^ 0xb17);
+  std::normal_distribution<double> normal;
+  std::vector<std::int64_t> counts(static_cast<std::size_t>(n));
+  for (auto& x : counts) x = std::int64_t(rng() % 4);  // the same on every rank; some 0
+  std::int64_t total = 0;
+  for (auto x : counts) total += x;
+  const std::int64_t mine = counts[std::size_t(r)];
+  std::mt19937_64 local(rng() ^ std::uint64_t(r));
+  auto draw = [&](std::int64_t rows) {
+    std::vector<double> x(std::size_t(rows * kCols));
+    for (auto& e : x) e = normal(local);
+    return x;
+  };
+  {  // all_gather_v
+    std::vector<double> in = draw(mine), a(std::size_t(total * kCols)), b(a.size());
+    w.all_gather_v({in.data(), mine, kCols, DType::kF64}, {a.data(), total, kCols, DType::kF64},
+                   counts)->wait();
+    c->all_gather_v(on_device(in.data(), mine, DType::kF64), on_device(b.data(), total, DType::kF64),
+                    counts)->wait();
+    EXPECT_EQ(a, b) << "all_gather_v";
+  }
+  {  // reduce_scatter
+    std::vector<double> in = draw(total), a(std::size_t(mine * kCols)), b(a.size());
+    w.reduce_scatter({in.data(), total, kCols, DType::kF64}, {a.data(), mine, kCols, DType::kF64},
+                     counts)->wait();
+    c->reduce_scatter(on_device(in.data(), total, DType::kF64), on_device(b.data(), mine, DType::kF64),
+                      counts)->wait();
+    EXPECT_EQ(a, b) << "reduce_scatter";
+  }
+  const CastCase cc = random_cast_case(rng, n, "reduce");
+  const GroupReduceArgs args = plan::reduce_args(cc.args[std::size_t(r)]);
+  const std::int64_t in_rows = cc.output_rows[std::size_t(r)], out_rows = cc.input_rows[std::size_t(r)];
+  {  // group_reduce avg into an output holding values (0 + x: the staged sum adds at wait)
+    std::vector<double> in = draw(in_rows), a(std::size_t(out_rows * kCols), 0.0), b(a);
+    w.group_reduce({in.data(), in_rows, kCols, DType::kF64}, {a.data(), out_rows, kCols, DType::kF64},
+                   args, comm::ReduceOp::kAvg)->wait();
+    c->group_reduce(on_device(in.data(), in_rows, DType::kF64),
+                    on_device(b.data(), out_rows, DType::kF64), args, comm::ReduceOp::kAvg)->wait();
+    EXPECT_EQ(a, b) << "group_reduce avg";
+  }
+  {  // group_reduce_lse: out rows [kCols], lse rows [1] (one head of kCols)
+    std::vector<double> io = draw(in_rows), il(static_cast<std::size_t>(in_rows)), ao = draw(out_rows),
+                        al(static_cast<std::size_t>(out_rows));
+    for (auto& x : il) x = local() % 4 == 0 ? -INFINITY : 3 * normal(local);
+    for (auto& x : al) x = local() % 3 == 0 ? -INFINITY : 3 * normal(local);
+    std::vector<double> bo = ao, bl = al;
+    const comm::Rows hio{io.data(), in_rows, kCols, DType::kF64}, hil{il.data(), in_rows, 1, DType::kF64};
+    comm::Rows dio = on_device(io.data(), in_rows, DType::kF64), dil = dio;
+    dil.data = il.data(), dil.row_elems = 1;
+    comm::Rows dbl = on_device(bl.data(), out_rows, DType::kF64);
+    dbl.row_elems = 1;
+    w.group_reduce_lse(hio, hil, args.input_split_sizes, args.dst_rank,
+                       {ao.data(), out_rows, kCols, DType::kF64}, {al.data(), out_rows, 1, DType::kF64},
+                       args.output_split_sizes, args.src_ranks)->wait();
+    c->group_reduce_lse(dio, dil, args.input_split_sizes, args.dst_rank,
+                        on_device(bo.data(), out_rows, DType::kF64), dbl, args.output_split_sizes,
+                        args.src_ranks)->wait();
+    EXPECT_EQ(ao, bo) << "group_reduce_lse out";
+    EXPECT_EQ(al, bl) << "group_reduce_lse lse";
+  }
 }
 
 }  // namespace
