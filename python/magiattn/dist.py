@@ -170,6 +170,7 @@ class DistAttnRuntimeKey:
         self.total_seqlen = plan.total_seqlen
         self.num_local_tokens = plan.rank_tokens(self.cp_rank)
         self._positions = plan.position_ids(self.cp_rank)
+        self._device_positions: dict = {}  # torch device -> the positions as an index tensor
         # Every rank must build the same key: one gather of a fingerprint fails at once on
         # every rank, naming the ranks that disagree, where a mismatched plan would otherwise
         # run into the communication timeout later and blame a "dead" rank.

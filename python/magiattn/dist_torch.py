@@ -39,11 +39,23 @@ def units(x: Tensor, name: str, rows: int, what: str):
     return u, back
 
 
+def _local_rows(x: Tensor, key) -> Tensor:
+    """dispatch of a CUDA tensor: a gather of this rank's rows on the device (no communication,
+    no host copy); the position ids' index tensor is kept on the key per device."""
+    if x.dim() == 0 or x.shape[0] != key.total_seqlen:
+        dist._units(x, "x", key.total_seqlen, "the key's mask")  # raises, naming the rows
+    index = key._device_positions.get(x.device)
+    if index is None:
+        index = torch.from_numpy(key._positions).to(x.device)
+        key._device_positions[x.device] = index
+    return x.detach().index_select(0, index)
+
+
 class _Dispatch(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, key):
         ctx.key = key
-        return dist._dispatch(x, key)
+        return _local_rows(x, key) if x.is_cuda else dist._dispatch(x, key)
 
     @staticmethod
     def backward(ctx, grad):
@@ -58,7 +70,8 @@ class _Undispatch(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        return dist._dispatch(grad, ctx.key), None
+        key = ctx.key
+        return (_local_rows(grad, key) if grad.is_cuda else dist._dispatch(grad, key)), None
 
 
 class _Roll(torch.autograd.Function):
