@@ -652,12 +652,18 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
         for (int e = 0; e < size(tSrS); ++e) tPrP(e) = T(tSrS(e));
         CUTE_UNROLL
         for (int e = 0; e < size(tdPrdP); ++e) tdSrdS(e) = T(tdPrdP(e));
+        // With one dQ piece (D <= 192), dK is issued after dQ, so that the dQ store to the staging
+        // buffer runs under dK (FlashAttention-3's order); at D 256 dK goes with dV.
+        constexpr bool kLateDK = C::kDQPieces == 1;
+        auto issue_dk = [&]() CUTLASS_LAMBDA_FUNC_INLINE {
+          detail::wg_gemm_issue<true>(mma_kv, tdSrdS, thr_kv.partition_fragment_B(kv_cols(stage_of(s.q, typename C::LayoutQt{}, r.stage))),
+                                      tdKrdK, false);
+        };
         detail::wg_gemm_issue<true>(mma_kv, tPrP, thr_kv.partition_fragment_B(kv_cols(stage_of(s.dout, typename C::LayoutQt{}, r.stage))),
                                     tdVrdV, false);
-        detail::wg_gemm_issue<true>(mma_kv, tdSrdS, thr_kv.partition_fragment_B(kv_cols(stage_of(s.q, typename C::LayoutQt{}, r.stage))),
-                                    tdKrdK, false);
+        if constexpr (!kLateDK) issue_dk();
         // dS^T into shared memory as dS (rows, keys), once both warpgroups' dQ products of
-        // the previous block have completed, while dV and dK run (the stores only read the
+        // the previous block have completed, while dV (and dK) run (the stores only read the
         // registers the products read too).
         Tensor dS = make_tensor(tdSrdS.data(), detail::rowcol(tdPrdP.layout()));
         detail::named_sync(kBarDsFree, kPair);
@@ -697,15 +703,22 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
                            Shape<typename C::HDP, typename C::DQK>{}, make_coord(wg * C::kDQPieces + n, 0)));
             detail::wg_gemm_issue(mma_dq, tdQrdS, tdQrK, tdQrdQ, true);
           }
-          warpgroup_wait<0>();
-          if (n == 0) {
+          if constexpr (kLateDK) {
+            issue_dk();
+            warpgroup_wait<1>();  // dV and dQ (dK may run)
             warpgroup_fence_operand(tdVrdV);
-            warpgroup_fence_operand(tdKrdK);
-            warpgroup_fence_operand(tPrP);  // the A operands of dV and dK, kept until here
-            warpgroup_fence_operand(tdSrdS);
+            warpgroup_fence_operand(tPrP);
+          } else {
+            warpgroup_wait<0>();
+            if (n == 0) {
+              warpgroup_fence_operand(tdVrdV);
+              warpgroup_fence_operand(tdKrdK);
+              warpgroup_fence_operand(tPrP);  // the A operands of dV and dK, kept until here
+              warpgroup_fence_operand(tdSrdS);
+              Barrier::arrive(&s.q_empty[r.stage]);  // each thread hands back its reads
+            }
           }
           warpgroup_fence_operand(tdQrdQ);
-          if (n == 0) Barrier::arrive(&s.q_empty[r.stage]);  // each thread hands back its reads
           CUTE_UNROLL
           for (int v = 0; v < kVecs; ++v)
             detail::st_shared(buf + 16u * unsigned((n * kVecs + v) * 128 + wtid), tdQrdQ(4 * v),
@@ -714,6 +727,12 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
         if (ctid == 0) s.dq_job[dq_stage] = detail::DqJob{bi.qb, bi.head, bi.ticket};
         cutlass::arch::fence_view_async_shared();  // generic stores before the bulk reads
         Barrier::arrive(&s.dq_full[dq_stage]);
+        if constexpr (kLateDK) {
+          warpgroup_wait<0>();  // dK: its reads of the Q stage done
+          warpgroup_fence_operand(tdKrdK);
+          warpgroup_fence_operand(tdSrdS);
+          Barrier::arrive(&s.q_empty[r.stage]);  // each thread hands back its reads
+        }
         if (bi.last) break;
       }
       if (leader) Barrier::arrive(&s.kv_empty);
