@@ -30,7 +30,9 @@ void dispatch(const plan::DistPlan& plan, const comm::Communicator& comm, const 
 void undispatch(const plan::DistPlan& plan, comm::Communicator& comm, const TensorView& local,
                 const TensorView& global, std::uintptr_t stream = 0);
 
-// Where one rank's calc_attn time went (optional output; docs/semantics.md §4's "hidden comm").
+// Where one rank's calc_attn time went (optional output; docs/semantics.md §4's "hidden comm"),
+// host clocks. On CUDA tensors the kernels run asynchronously: compute_s counts their launches
+// and wait_s also the GPU work a staged copy waits for (CUDA-event timing is not built yet).
 struct CalcStats {
   double compute_s = 0;  // inside the attention kernels
   double wait_s = 0;     // blocked in wait(): communication compute did not hide
