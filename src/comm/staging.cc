@@ -133,17 +133,22 @@ class Staging final : public Communicator {
     Rows read(const Rows& r) {
       if (!r.on_device()) return r;
       auto m = mirror(r);
-      copy.to_host(m->bytes.data(), r.data, m->bytes.size(), r.device, r.stream);
+      in(*m, r);
       return m->host;
+    }
+    // The copies, none for no bytes (an empty vector's data() may be null).
+    void in(Mirror& m, const Rows& r) const {
+      if (!m.bytes.empty()) copy.to_host(m.bytes.data(), r.data, m.bytes.size(), r.device, r.stream);
+    }
+    static void out(const detail::DeviceCopies& c, const Mirror& m, const Rows& r) {
+      if (!m.bytes.empty()) c.to_device(r.data, m.bytes.data(), m.bytes.size(), r.device, r.stream);
     }
     // An output the operation writes part of (or updates in place): a snapshot now, all of it
     // copied back at wait().
     Rows keep_rows(const Rows& r) {
       auto m = mirror(r);
-      copy.to_host(m->bytes.data(), r.data, m->bytes.size(), r.device, r.stream);
-      after.push_back([m, r, c = &copy] {
-        c->to_device(r.data, m->bytes.data(), m->bytes.size(), r.device, r.stream);
-      });
+      in(*m, r);
+      after.push_back([m, r, c = &copy] { out(*c, *m, r); });
       return m->host;
     }
     Rows keep(const Rows& r) { return r.on_device() ? keep_rows(r) : r; }
@@ -154,6 +159,7 @@ class Staging final : public Communicator {
       MAGI_CHECK(r.dtype == DType::kF32 || r.dtype == DType::kF64,
                  "group_reduce: device output dtype ", dtype_name(r.dtype), " (fp32 or fp64)");
       auto m = mirror(r);  // zeros: 0.0 is all-zero bits
+      if (m->bytes.empty()) return m->host;
       after.push_back([m, r, c = &copy] {
         std::vector<unsigned char> now(m->bytes.size());
         c->to_host(now.data(), r.data, now.size(), r.device, r.stream);
