@@ -22,6 +22,7 @@ NaN in the weights.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any, NamedTuple, Optional
 
@@ -68,12 +69,8 @@ def qk_clip_factors(max_logits: Any, tau: float, num_heads_kv: int) -> QKClipFac
     return QKClipFactors(q=q, k=k)
 
 
-def _scale_heads_(w: Any, factors: np.ndarray, name: str) -> None:
-    heads = factors.size
-    if w.shape[0] % heads != 0:
-        raise ValueError(f"qk_clip: {name} has {w.shape[0]} rows, not a multiple of its "
-                         f"{heads} heads")
-    d = w.shape[0] // heads
+def _scale_heads_(w: Any, factors: np.ndarray) -> None:
+    d = w.shape[0] // factors.size  # qk_clip_ checked the rows
     for h in np.flatnonzero(factors != 1.0):  # in place, for any layout and dtype
         w[h * d:(h + 1) * d] *= float(factors[h])
 
@@ -97,16 +94,13 @@ def qk_clip_(q_weight: Any, k_weight: Any, max_logits: Any, tau: float, *, num_h
         if b is not None and tuple(b.shape) != (w.shape[0],):
             raise ValueError(f"qk_clip: {name} must have shape ({w.shape[0]},), got "
                              f"{tuple(b.shape)}")
-    targets = [(q_weight, f.q, "q_weight"), (k_weight, f.k, "k_weight")]
-    targets += [(b, fs, name) for b, fs, name in ((q_bias, f.q, "q_bias"), (k_bias, f.k, "k_bias"))
-                if b is not None]
+    targets = [(w, fs) for w, fs in ((q_weight, f.q), (k_weight, f.k), (q_bias, f.q),
+                                     (k_bias, f.k)) if w is not None]
+    no_grad = contextlib.nullcontext()
     if hasattr(q_weight, "detach"):
         import torch
-
-        with torch.no_grad():
-            for w, fs, name in targets:
-                _scale_heads_(w, fs, name)
-    else:
-        for w, fs, name in targets:
-            _scale_heads_(w, fs, name)
+        no_grad = torch.no_grad()
+    with no_grad:
+        for w, fs in targets:
+            _scale_heads_(w, fs)
     return f

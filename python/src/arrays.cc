@@ -208,16 +208,6 @@ IntArray read_ints(nb::handle obj, const char* name, int ndim) {
   return read_as<std::int64_t>(obj, name, ndim);
 }
 
-std::vector<Range> read_ranges(nb::handle obj, const char* name) {
-  const IntArray a = read_ints(obj, name, 2);
-  MAGI_CHECK(a.shape[1] == 2 || a.shape[0] == 0, name, ": shape [", a.shape[0], ", ", a.shape[1],
-             "] is not [N, 2]");
-  std::vector<Range> ranges(std::size_t(a.shape[0]));
-  for (std::size_t i = 0; i < ranges.size(); ++i)
-    ranges[i] = Range{a.values[2 * i], a.values[2 * i + 1]};
-  return ranges;
-}
-
 FlagArray read_flags(nb::handle obj, const char* name, int ndim) {
   return read_as<std::uint8_t>(obj, name, ndim);
 }

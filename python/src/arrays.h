@@ -14,7 +14,6 @@
 #include <vector>
 
 #include "magi/attention.h"
-#include "magi/mask.h"
 #include "magi/tensor.h"
 
 namespace magi::py {
@@ -63,8 +62,6 @@ using FlagArray = IntArrayOf<std::uint8_t>;
 // reads as shape [0, ..., 0], so "no slices" needs no special case at the caller.
 IntArray read_ints(nb::handle obj, const char* name, int ndim);
 FlagArray read_flags(nb::handle obj, const char* name, int ndim);
-// An int [N, 2] array of (start, end) pairs.
-std::vector<Range> read_ranges(nb::handle obj, const char* name);
 
 // A fresh numpy array that owns `values` (moved into a capsule, no copy).
 template <typename T>

@@ -20,8 +20,8 @@
 #include "arrays.h"
 #include "dist.h"
 #include "magi/error.h"
-#include "magi/mask.h"
 #include "magi/plan.h"
+#include "mask_args.h"
 #include "mpi_check.h"
 #include "plan_options.h"
 
@@ -161,23 +161,15 @@ NB_MODULE(_dist, m) {
       [](std::int64_t total_seqlen_q, std::int64_t total_seqlen_k, nb::handle q_ranges,
          nb::handle k_ranges, nb::handle attn_type_map, int cp, int num_stages,
          std::int64_t chunk_size, const std::string& algorithm, bool uneven) {
-        const std::vector<magi::Range> q = magi::py::read_ranges(q_ranges, "q_ranges");
-        const std::vector<magi::Range> k = magi::py::read_ranges(k_ranges, "k_ranges");
-        const magi::py::IntArray t = magi::py::read_ints(attn_type_map, "attn_type_map", 1);
-        MAGI_CHECK(q.size() == k.size() && t.values.size() == q.size(), "make_plan: ", q.size(),
-                   " q ranges, ", k.size(), " k ranges and ", t.values.size(), " types");
-        std::vector<magi::Slice> slices(q.size());
-        for (std::size_t i = 0; i < q.size(); ++i)
-          slices[i] = magi::Slice{q[i], k[i],
-                                  magi::mask_type_from_int(t.values[i], "attn_type_map")};
+        const magi::Mask mask = magi::py::make_mask(total_seqlen_q, total_seqlen_k, q_ranges, k_ranges,
+                                              attn_type_map);
         const magi::plan::PlanOptions opts =
             magi::py::plan_options(cp, num_stages, chunk_size, algorithm, uneven);
         nb::gil_scoped_release release;
-        return magi::plan::make_plan(magi::Mask(total_seqlen_q, total_seqlen_k, std::move(slices)),
-                                     opts);
+        return magi::plan::make_plan(mask, opts);
       },
       "total_seqlen_q"_a, "total_seqlen_k"_a, "q_ranges"_a, "k_ranges"_a, "attn_type_map"_a,
       "cp"_a, "num_stages"_a, "chunk_size"_a, "algorithm"_a, "uneven"_a,
-      "The plan of the mask (its ranges and int types) over `cp` ranks");
+      "The plan of the mask (its ranges and types, as Mask takes them) over `cp` ranks");
   magi::py::dist::bind_runtime(m);
 }

@@ -82,6 +82,6 @@ def test_the_runtime_module_plans_as_the_planner_api(rng, cp):
     with pytest.raises(ValueError, match="algorithm 'fast' is not"):
         dist.make_plan(192, 192, mask.q_ranges(), mask.k_ranges(), mask.attn_type_map(), cp, 2,
                        16, "fast", False)
-    with pytest.raises(ValueError, match="make_plan: 1 q ranges, 2 k ranges"):
+    with pytest.raises(ValueError, match="q_ranges has 1 entries but k_ranges has 2"):
         dist.make_plan(192, 192, [[0, 192]], [[0, 96], [96, 192]], [0], cp, 0, 0, "refined",
                        False)

@@ -201,10 +201,13 @@ void backward(const Mask& mask, const PreparedMask* prepared, const BwdArgs& a,
            reinterpret_cast<std::uintptr_t>(t.data) % (2 * dtype_size(t.dtype)) == 0;
   };
   p.dkv_pairs = pairs(a.dk) && pairs(a.dv);
-  // 8 columns from a multiple of 8 (the dq pass's pieces) on a 16-byte boundary: strides in
-  // multiples of 8 elements and the base aligned.
-  p.dq_vec = a.dq.stride[0] % 8 == 0 && a.dq.stride[1] % 8 == 0 &&
-             reinterpret_cast<std::uintptr_t>(a.dq.data) % 16 == 0;
+  // 8 columns from a multiple of 8 (the dq pass's pieces, the row pass's loads) on a 16-byte
+  // boundary: strides in multiples of 8 elements and the base aligned.
+  const auto by8 = [](const TensorView& t) {
+    return t.stride[0] % 8 == 0 && t.stride[1] % 8 == 0 &&
+           reinterpret_cast<std::uintptr_t>(t.data) % 16 == 0;
+  };
+  p.dq_vec = by8(a.dq);
   const int d = int(dm.head_dim);
   if (dm.num_q == 0 && dm.num_k == 0) return;
 
@@ -250,10 +253,7 @@ void backward(const Mask& mask, const PreparedMask* prepared, const BwdArgs& a,
   MAGI_CUDA_CHECK(cudaMemsetAsync(p.dq_acc, 0, ws.bytes - ws.dq_off, stream),
                   "dq accumulator, turn counters and row flags zeroing");
 
-  const auto vec16 = [](const TensorView& t) {
-    return dtype_size(t.dtype) == 2 && t.stride[0] % 8 == 0 && t.stride[1] % 8 == 0 &&
-           reinterpret_cast<std::uintptr_t>(t.data) % 16 == 0;
-  };
+  const auto vec16 = [&](const TensorView& t) { return dtype_size(t.dtype) == 2 && by8(t); };
   int lanes = 32;
   const bool vec = d % 8 == 0 && vec16(a.q) && vec16(a.out) && vec16(a.dout);
   if (vec)

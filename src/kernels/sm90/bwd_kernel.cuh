@@ -321,7 +321,7 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
         if (tile.piece_begin == tile.piece_end) continue;
         TxBarrier::wait(&s.kv_full, kv_seen & 1);
         ++kv_seen;
-        // (The consumers read the last item's bits before that item freed K and V.)
+        // (The last item's bits were read before its kv_checked arrival, long before this.)
         if (t < C::kBlockN / 32) s.k_bad[t] = 0u;
         detail::named_sync(kBarCheck, kCheckers);
         for (int i = t; i < C::kBlockN * kChunks; i += kCheckers)
@@ -846,15 +846,9 @@ __global__ void __launch_bounds__(128) ffa_bwd_dq_kernel(const __grid_constant__
       uint4 w;
       unsigned* wp = &w.x;
       CUTE_UNROLL
-      for (int e = 0; e < 4; ++e) {
-        if (p.dq_type == OutType::kBF16) {
-          const __nv_bfloat162 b = __floats2bfloat162_rn(y[2 * e], y[2 * e + 1]);
-          wp[e] = *reinterpret_cast<const unsigned*>(&b);
-        } else {
-          const __half2 b = __floats2half2_rn(y[2 * e], y[2 * e + 1]);
-          wp[e] = *reinterpret_cast<const unsigned*>(&b);
-        }
-      }
+      for (int e = 0; e < 4; ++e)
+        wp[e] = p.dq_type == OutType::kBF16 ? detail::pack2<OutType::kBF16>(y[2 * e], y[2 * e + 1])
+                                            : detail::pack2<OutType::kF16>(y[2 * e], y[2 * e + 1]);
       *reinterpret_cast<uint4*>(static_cast<unsigned short*>(p.dq) + at) = w;
     }
   }
