@@ -179,7 +179,8 @@ def check_cuda():
     n, hq, hkv, d = 512, 4, 2, 128
     rng = np.random.default_rng(5)
     cu = [0, 100, 107, 300, n]
-    key = magiattn.magi_attn_varlen_key(cu, cu, hq, hkv, d, causal=True)
+    key = magiattn.magi_attn_varlen_key(  # 512 tokens: uneven shards at 3 ranks
+        cu, cu, hq, hkv, d, causal=True, dist_attn_config=magiattn.DistAttnConfig(uneven=True))
     dev = torch.device("cuda")
     p = {x: torch.tensor(rng.standard_normal(shape), dtype=torch.bfloat16, device=dev)
          for x, shape in (("q", (n, hq, d)), ("k", (n, hkv, d)), ("v", (n, hkv, d)),
