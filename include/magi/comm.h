@@ -19,15 +19,21 @@
 namespace magi::comm {
 
 // A contiguous row-major [num_rows, row_elems] buffer of `dtype`; rows are the unit that
-// splits count. Cast only moves bytes (any dtype); reductions need fp32 or fp64.
+// splits count. Cast only moves bytes (any dtype); reductions need fp32 or fp64. In host
+// memory (device -1) or on CUDA device `device`, where `stream` (a cudaStream_t as an integer)
+// orders the buffer's producers and consumers: a communicator reads it after the work queued
+// there and makes its results visible to the work queued after.
 struct Rows {
   void* data = nullptr;
   std::int64_t num_rows = 0;
   std::int64_t row_elems = 0;
   DType dtype = DType::kF32;
+  int device = -1;
+  std::uintptr_t stream = 0;
 
   std::int64_t row_bytes() const { return row_elems * dtype_size(dtype); }
   std::int64_t num_bytes() const { return num_rows * row_bytes(); }
+  bool on_device() const { return device >= 0; }
 };
 
 enum class ReduceOp : std::uint8_t {
@@ -54,6 +60,9 @@ class Communicator {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   std::chrono::milliseconds timeout() const { return timeout_; }
+  // Whether its operations take Rows on a device (NCCL: yes; MPI: no, with_device_staging
+  // below wraps it).
+  virtual bool device_rows() const { return false; }
   void set_timeout(std::chrono::milliseconds t) { timeout_ = t; }
 
   // Split i of `input` (input_split_sizes[i] rows) goes to every rank in dst_ranks[i];
@@ -110,6 +119,15 @@ class Communicator {
 };
 
 std::string reduce_op_name(ReduceOp op);
+
+// A communicator for Rows on a device over one that takes host Rows only (MPI): each operation
+// copies its device inputs to host mirrors (after the work queued on their stream), runs on the
+// mirrors, and its wait() copies the results back (queued on the output's stream). Sums and
+// averages into a device output are received into zeroed mirrors and added to the output at
+// wait(), so that several reductions into one output may be in flight (the runtime's dK / dV
+// of consecutive stages); casts, gathers and scatters keep the rows they do not write. Host
+// Rows go straight through. `inner` must outlive the result.
+std::unique_ptr<Communicator> with_device_staging(Communicator& inner);
 
 // Collective: throws magi::Error on every rank, naming the groups of ranks that agree, unless
 // all ranks pass the same fingerprint of `what` (e.g. "the key's mask, plan and config").

@@ -18,15 +18,21 @@
 
 namespace magi::runtime {
 
+// Tensors may be on the host or on one CUDA device, where `stream` (opts.cuda_stream for
+// calc_attn) orders their producers and consumers. dispatch, undispatch and roll move device
+// rows through host copies (one copy in, one back; no kernels).
+
 // Global [N, ...] rows (every rank holds all of them) -> this rank's local rows, in the
 // plan's local order. Both views contiguous, same dtype and trailing shape. No communication.
 void dispatch(const plan::DistPlan& plan, const comm::Communicator& comm, const TensorView& global,
-              const TensorView& local);
+              const TensorView& local, std::uintptr_t stream = 0);
 // This rank's local rows -> the global [N, ...] rows on every rank (all_gather_v). Collective.
 void undispatch(const plan::DistPlan& plan, comm::Communicator& comm, const TensorView& local,
-                const TensorView& global);
+                const TensorView& global, std::uintptr_t stream = 0);
 
-// Where one rank's calc_attn time went (optional output; docs/semantics.md §4's "hidden comm").
+// Where one rank's calc_attn time went (optional output; docs/semantics.md §4's "hidden comm"),
+// host clocks. On CUDA tensors the kernels run asynchronously: compute_s counts their launches
+// and wait_s also the GPU work a staged copy waits for (CUDA-event timing is not built yet).
 struct CalcStats {
   double compute_s = 0;  // inside the attention kernels
   double wait_s = 0;     // blocked in wait(): communication compute did not hide
@@ -81,6 +87,6 @@ double comm_only_seconds(const plan::DistPlan& plan, comm::Communicator& comm, c
 // copied locally; the rest move in one group_cast. Collective; bit-exact.
 void roll(const plan::DistPlan& plan, comm::Communicator& comm, const TensorView& local_in,
           const TensorView& local_out, std::int64_t shift,
-          std::optional<double> fill = std::nullopt);
+          std::optional<double> fill = std::nullopt, std::uintptr_t stream = 0);
 
 }  // namespace magi::runtime

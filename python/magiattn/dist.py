@@ -106,8 +106,10 @@ class Communicator:
 
     def all_reduce(self, x: Any, op: str = "sum") -> Any:
         """In place over the group ("sum" or "max") on a contiguous float32/float64 numpy
-        array or CPU tensor; returns ``x``. Sums run in rank order (deterministic)."""
-        _lib().all_reduce(self._c, x.detach() if hasattr(x, "detach") else x, op)
+        array or tensor (a CUDA one through host copies); returns ``x``. Sums run in rank
+        order (deterministic)."""
+        _lib().all_reduce(self._c, x.detach() if hasattr(x, "detach") else x, op,
+                          cuda_stream=_stream(x))
         return x
 
     def __repr__(self) -> str:
@@ -168,6 +170,7 @@ class DistAttnRuntimeKey:
         self.total_seqlen = plan.total_seqlen
         self.num_local_tokens = plan.rank_tokens(self.cp_rank)
         self._positions = plan.position_ids(self.cp_rank)
+        self._device_positions: dict = {}  # torch device -> the positions as an index tensor
         # Every rank must build the same key: one gather of a fingerprint fails at once on
         # every rank, naming the ranks that disagree, where a mismatched plan would otherwise
         # run into the communication timeout later and blame a "dead" rank.
@@ -309,6 +312,15 @@ def _units(x: Any, name: str, rows: int, what: str):
     return units, back
 
 
+def _stream(x: Any) -> int:
+    """The CUDA stream (as an integer) that orders a CUDA tensor's work: torch's current stream
+    on its device; 0 for host arrays."""
+    if getattr(getattr(x, "device", None), "type", None) != "cuda":
+        return 0
+    from .torch_ops import _stream as torch_stream
+    return torch_stream(x)
+
+
 def _empty_like(x: Any, shape: tuple, dtype: Any = None) -> Any:
     if isinstance(x, np.ndarray):
         return np.empty(shape, x.dtype if dtype is None else dtype)
@@ -318,33 +330,33 @@ def _empty_like(x: Any, shape: tuple, dtype: Any = None) -> Any:
 def _dispatch(x: Any, key: DistAttnRuntimeKey) -> Any:
     u, back = _units(x, "x", key.total_seqlen, "the key's mask")
     local = _empty_like(u, (key.num_local_tokens, u.shape[1]))
-    _lib().dispatch(key._plan, key.comm._c, u, local)
+    _lib().dispatch(key._plan, key.comm._c, u, local, cuda_stream=_stream(u))
     return back(local)
 
 
 def _undispatch(x: Any, key: DistAttnRuntimeKey) -> Any:
     u, back = _units(x, "x", key.num_local_tokens, f"rank {key.cp_rank} of the key")
     out = _empty_like(u, (key.total_seqlen, u.shape[1]))
-    _lib().undispatch(key._plan, key.comm._c, u, out)
+    _lib().undispatch(key._plan, key.comm._c, u, out, cuda_stream=_stream(u))
     return back(out)
 
 
 def _roll(x: Any, key: DistAttnRuntimeKey, shift: int, fill_value: Any) -> Any:
     u, back = _units(x, "x", key.num_local_tokens, f"rank {key.cp_rank} of the key")
     out = _empty_like(u, u.shape)
-    _lib().roll(key._plan, key.comm._c, u, out, int(shift))
+    _lib().roll(key._plan, key.comm._c, u, out, int(shift), cuda_stream=_stream(u))
     y = back(out)
     if fill_value is not None:  # rows whose source lies outside [0, N)
         src = key._positions - int(shift)
         outside = (src < 0) | (src >= key.total_seqlen)
         if outside.any():
-            y[outside if isinstance(y, np.ndarray) else _torch_index(outside)] = fill_value
+            y[outside if isinstance(y, np.ndarray) else _torch_index(outside, y)] = fill_value
     return y
 
 
-def _torch_index(mask: np.ndarray):
+def _torch_index(mask: np.ndarray, like: Any):
     import torch
-    return torch.from_numpy(mask)
+    return torch.from_numpy(mask).to(like.device)
 
 
 def dispatch(x: Any, key: DistAttnRuntimeKey) -> Any:
@@ -411,14 +423,15 @@ def _forward_into(key: DistAttnRuntimeKey, q, k, v, out, lse, sink, max_logits,
                   softmax_scale: Optional[float], softcap: float) -> None:
     _lib().forward(key._plan, key.comm._c, q, k, v, out, lse, sink=sink, max_logits=max_logits,
                    softmax_scale=None if softmax_scale is None else float(softmax_scale),
-                   softcap=float(softcap), prepared=key._prepared)
+                   softcap=float(softcap), prepared=key._prepared, cuda_stream=_stream(q))
 
 
 def _backward_into(key: DistAttnRuntimeKey, dout, q, k, v, out, lse, dq, dk, dv, sink, dsink,
                    softmax_scale: Optional[float], softcap: float, dsink_all_reduce_op: str):
     _lib().backward(key._plan, key.comm._c, dout, q, k, v, out, lse, dq, dk, dv, sink=sink,
                     dsink=dsink, softmax_scale=None if softmax_scale is None else
-                    float(softmax_scale), softcap=float(softcap), prepared=key._prepared)
+                    float(softmax_scale), softcap=float(softcap), prepared=key._prepared,
+                    cuda_stream=_stream(q))
     if dsink is not None and dsink_all_reduce_op != "none":
         key.comm.all_reduce(dsink, "sum")
         if dsink_all_reduce_op == "avg":

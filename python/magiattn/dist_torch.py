@@ -21,12 +21,12 @@ from .functional import AttnForwardMeta
 def units(x: Tensor, name: str, rows: int, what: str):
     """The torch twin of ``dist._units``: x's rows as float16 units, and the way back."""
     x = x.detach().contiguous()
+    if x.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"{name}: on {x.device}, but the distributed runtime takes CPU or CUDA "
+                         "tensors")
     if x.dim() == 0 or x.shape[0] != rows:
         raise ValueError(f"{name}: {x.shape[0] if x.dim() else 'no'} rows (dim 0, shape "
                          f"{list(x.shape)}), but {what} has {rows}")
-    if x.device.type != "cpu":
-        raise ValueError(f"{name}: on {x.device}, but the distributed runtime moves host "
-                         "buffers (CPU tensors)")
     dtype, tail = x.dtype, x.shape[1:]
     row = tail.numel()
     wide = x.element_size() == 1 and row % 2 == 1
@@ -39,11 +39,23 @@ def units(x: Tensor, name: str, rows: int, what: str):
     return u, back
 
 
+def _local_rows(x: Tensor, key) -> Tensor:
+    """dispatch of a CUDA tensor: a gather of this rank's rows on the device (no communication,
+    no host copy); the position ids' index tensor is kept on the key per device."""
+    if x.dim() == 0 or x.shape[0] != key.total_seqlen:
+        dist._units(x, "x", key.total_seqlen, "the key's mask")  # raises, naming the rows
+    index = key._device_positions.get(x.device)
+    if index is None:
+        index = torch.from_numpy(key._positions).to(x.device)
+        key._device_positions[x.device] = index
+    return x.detach().index_select(0, index)
+
+
 class _Dispatch(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, key):
         ctx.key = key
-        return dist._dispatch(x, key)
+        return _local_rows(x, key) if x.is_cuda else dist._dispatch(x, key)
 
     @staticmethod
     def backward(ctx, grad):
@@ -58,7 +70,8 @@ class _Undispatch(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        return dist._dispatch(grad, ctx.key), None
+        key = ctx.key
+        return (_local_rows(grad, key) if grad.is_cuda else dist._dispatch(grad, key)), None
 
 
 class _Roll(torch.autograd.Function):

@@ -8,6 +8,7 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -51,30 +52,39 @@ void check_local_rows(const DistPlan& p, const comm::Communicator& c,
                t->ndim ? t->shape[0] : 0, " rows, but rank ", c.rank(), " holds ", nl, " tokens");
 }
 
-void dispatch(const DistPlan& p, Comm& c, nb::handle global, nb::handle local) {
+// cuda_stream (every call): the CUDA stream, as an integer, that orders device arrays'
+// producers and consumers (torch's current stream); 0 for host arrays.
+void dispatch(const DistPlan& p, Comm& c, nb::handle global, nb::handle local,
+              std::uintptr_t cuda_stream) {
   TensorArgs t;
   const TensorView g = t.input(global, "x"), l = t.output(local, "local");
-  collective(c, "dispatch", [&](comm::Communicator& mc) { runtime::dispatch(p, mc, g, l); });
+  collective(c, "dispatch",
+             [&](comm::Communicator& mc) { runtime::dispatch(p, mc, g, l, cuda_stream); });
 }
 
-void undispatch(const DistPlan& p, Comm& c, nb::handle local, nb::handle global) {
+void undispatch(const DistPlan& p, Comm& c, nb::handle local, nb::handle global,
+                std::uintptr_t cuda_stream) {
   TensorArgs t;
   const TensorView l = t.input(local, "x"), g = t.output(global, "global");
-  collective(c, "undispatch", [&](comm::Communicator& mc) { runtime::undispatch(p, mc, l, g); });
+  collective(c, "undispatch",
+             [&](comm::Communicator& mc) { runtime::undispatch(p, mc, l, g, cuda_stream); });
 }
 
 void roll(const DistPlan& p, Comm& c, nb::handle local_in, nb::handle local_out,
-          std::int64_t shift) {
+          std::int64_t shift, std::uintptr_t cuda_stream) {
   TensorArgs t;
   const TensorView in = t.input(local_in, "x"), out = t.output(local_out, "out");
-  collective(c, "roll", [&](comm::Communicator& mc) { runtime::roll(p, mc, in, out, shift); });
+  collective(c, "roll", [&](comm::Communicator& mc) {
+    runtime::roll(p, mc, in, out, shift, std::nullopt, cuda_stream);
+  });
 }
 
 void forward(const DistPlan& p, Comm& c, nb::handle q, nb::handle k, nb::handle v, nb::handle out,
              nb::handle lse, nb::handle sink, nb::handle max_logits,
              std::optional<double> softmax_scale, double softcap, int num_threads,
-             const runtime::PreparedRank* prepared) {
-  const AttnOptions opts = attn_options(softmax_scale, softcap, "sh", false, false, num_threads);
+             const runtime::PreparedRank* prepared, std::uintptr_t cuda_stream) {
+  AttnOptions opts = attn_options(softmax_scale, softcap, "sh", false, false, num_threads);
+  opts.cuda_stream = cuda_stream;
   TensorArgs t;
   const FwdArgs a = fwd_args(t, q, k, v, out, lse, sink, max_logits);
   collective(c, "calc_attn", [&](comm::Communicator& mc) {
@@ -86,8 +96,10 @@ void forward(const DistPlan& p, Comm& c, nb::handle q, nb::handle k, nb::handle 
 void backward(const DistPlan& p, Comm& c, nb::handle dout, nb::handle q, nb::handle k, nb::handle v,
               nb::handle out, nb::handle lse, nb::handle dq, nb::handle dk, nb::handle dv,
               nb::handle sink, nb::handle dsink, std::optional<double> softmax_scale,
-              double softcap, int num_threads, const runtime::PreparedRank* prepared) {
-  const AttnOptions opts = attn_options(softmax_scale, softcap, "sh", false, false, num_threads);
+              double softcap, int num_threads, const runtime::PreparedRank* prepared,
+              std::uintptr_t cuda_stream) {
+  AttnOptions opts = attn_options(softmax_scale, softcap, "sh", false, false, num_threads);
+  opts.cuda_stream = cuda_stream;
   TensorArgs t;
   const BwdArgs a = bwd_args(t, dout, q, k, v, out, lse, dq, dk, dv, sink, dsink);
   collective(c, "calc_attn backward", [&](comm::Communicator& mc) {
@@ -96,7 +108,7 @@ void backward(const DistPlan& p, Comm& c, nb::handle dout, nb::handle q, nb::han
   });
 }
 
-void all_reduce(Comm& c, nb::handle data, const std::string& op) {
+void all_reduce(Comm& c, nb::handle data, const std::string& op, std::uintptr_t cuda_stream) {
   MAGI_CHECK(op == "sum" || op == "max", "all_reduce: op '", op, "' is not \"sum\" or \"max\"");
   TensorArgs t;
   const TensorView x = t.output(data, "x");
@@ -104,8 +116,14 @@ void all_reduce(Comm& c, nb::handle data, const std::string& op) {
              "x: all_reduce needs float32 or float64, got ", dtype_name(x.dtype));
   MAGI_CHECK(x.is_contiguous(), "x: must be contiguous, got ", x.describe());
   collective(c, "all_reduce", [&](comm::Communicator& mc) {
-    mc.all_reduce(comm::Rows{x.data, x.numel(), 1, x.dtype},
-                  op == "sum" ? comm::ReduceOp::kSum : comm::ReduceOp::kMax)
+    comm::Rows rows{x.data, x.numel(), 1, x.dtype};
+    std::unique_ptr<comm::Communicator> staged;  // device rows over MPI: host staging
+    if (x.device == Device::kCUDA) {
+      rows.device = x.device_idx, rows.stream = cuda_stream;
+      staged = comm::with_device_staging(mc);
+    }
+    (staged ? *staged : mc)
+        .all_reduce(rows, op == "sum" ? comm::ReduceOp::kSum : comm::ReduceOp::kMax)
         ->wait();
   });
 }
@@ -131,24 +149,24 @@ void bind_runtime(nb::module_& m) {
       .def(nb::init<const DistPlan&, int>(), "plan"_a, "rank"_a)
       .def_prop_ro("rank", &runtime::PreparedRank::rank)
       .def_prop_ro("num_stages", &runtime::PreparedRank::num_stages);
-  m.def("dispatch", &dispatch, "plan"_a, "comm"_a, "x"_a, "local"_a,
+  m.def("dispatch", &dispatch, "plan"_a, "comm"_a, "x"_a, "local"_a, "cuda_stream"_a = 0,
         "This rank's rows of global x into `local` (no communication)");
-  m.def("undispatch", &undispatch, "plan"_a, "comm"_a, "x"_a, "global_"_a,
+  m.def("undispatch", &undispatch, "plan"_a, "comm"_a, "x"_a, "global_"_a, "cuda_stream"_a = 0,
         "Every rank's local rows into `global_` in the global order (all_gather_v)");
-  m.def("roll", &roll, "plan"_a, "comm"_a, "x"_a, "out"_a, "shift"_a,
+  m.def("roll", &roll, "plan"_a, "comm"_a, "x"_a, "out"_a, "shift"_a, "cuda_stream"_a = 0,
         "torch.roll by `shift` along the global token order, on local rows");
   m.def("forward", &forward, "plan"_a, "comm"_a, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a,
         nb::kw_only(), "sink"_a.none() = nb::none(), "max_logits"_a.none() = nb::none(),
         "softmax_scale"_a.none() = nb::none(), "softcap"_a = 0.0, "num_threads"_a = 0,
-        "prepared"_a.none() = nb::none(),
+        "prepared"_a.none() = nb::none(), "cuda_stream"_a = 0,
         "calc_attn forward on local rows (out, lse, max_logits in the compute type); prepared: "
         "this rank's PreparedRank of the plan (else its masks are built per call)");
   m.def("backward", &backward, "plan"_a, "comm"_a, "dout"_a, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a,
         "dq"_a, "dk"_a, "dv"_a, nb::kw_only(), "sink"_a.none() = nb::none(),
         "dsink"_a.none() = nb::none(), "softmax_scale"_a.none() = nb::none(), "softcap"_a = 0.0,
-        "num_threads"_a = 0, "prepared"_a.none() = nb::none(),
+        "num_threads"_a = 0, "prepared"_a.none() = nb::none(), "cuda_stream"_a = 0,
         "calc_attn backward on local rows (dq, dk, dv in the compute type; dsink partial)");
-  m.def("all_reduce", &all_reduce, "comm"_a, "x"_a, "op"_a = "sum",
+  m.def("all_reduce", &all_reduce, "comm"_a, "x"_a, "op"_a = "sum", "cuda_stream"_a = 0,
         "In-place sum or max over ranks of a contiguous float32/float64 array");
   m.def("check_agree", &check_agree, "comm"_a, "key"_a, "what"_a,
         "ValueError on every rank, naming the groups of ranks that agree, unless every rank "

@@ -1,4 +1,6 @@
-// calc_attn forward/backward: the stage loop of one rank. The K/V casts of stage s+1 are in
+// calc_attn forward/backward: the stage loop of one rank, on host tensors or on one CUDA device's
+// (kernels on opts.cuda_stream, scratch rows beside the tensors, a host-only communicator
+// behind host staging). The K/V casts of stage s+1 are in
 // flight while stage s computes, so only the first fetch (overlapped with the host stage) and
 // compute-starved stages show communication. The backward also returns partial dK/dV of the
 // fetched rows to their owners, waiting for stage s-1's reduce only after stage s computed.
@@ -31,9 +33,9 @@ TensorView shaped_like(const TensorView& t, std::int64_t rows, void* data, DType
   return v;
 }
 
-// One stage's K/V receive buffers and the casts filling them.
+// One stage's K/V receive buffers (beside k and v: host or device) and the casts filling them.
 struct Fetch {
-  std::vector<unsigned char> k_bytes, v_bytes;
+  detail::Scratch k_bytes, v_bytes;
   TensorView k, v;
   comm::WorkPtr k_work, v_work;
 
@@ -52,16 +54,16 @@ std::int64_t num_rows(const std::vector<Range>& ranges) {
 }
 
 Fetch post_fetch(comm::Communicator& comm, const plan::Stage& st, const TensorView& k,
-                 const TensorView& v) {
+                 const TensorView& v, std::uintptr_t stream) {
   const std::int64_t nr = num_rows(st.remote_k_ranges);
-  const comm::Rows k_rows = detail::rows_of(k, "k"), v_rows = detail::rows_of(v, "v");
+  const comm::Rows k_rows = detail::rows_of(k, "k", stream), v_rows = detail::rows_of(v, "v", stream);
   Fetch f;
-  f.k_bytes.resize(std::size_t(nr * k_rows.row_bytes()));
-  f.v_bytes.resize(std::size_t(nr * v_rows.row_bytes()));
+  f.k_bytes = detail::Scratch(std::size_t(nr * k_rows.row_bytes()), k, stream, false);
+  f.v_bytes = detail::Scratch(std::size_t(nr * v_rows.row_bytes()), v, stream, false);
   f.k = shaped_like(k, nr, f.k_bytes.data(), k.dtype);
   f.v = shaped_like(v, nr, f.v_bytes.data(), v.dtype);
-  f.k_work = comm.group_cast(k_rows, detail::rows_of(f.k, "k receive buffer"), st.cast);
-  f.v_work = comm.group_cast(v_rows, detail::rows_of(f.v, "v receive buffer"), st.cast);
+  f.k_work = comm.group_cast(k_rows, detail::rows_of(f.k, "k receive buffer", stream), st.cast);
+  f.v_work = comm.group_cast(v_rows, detail::rows_of(f.v, "v receive buffer", stream), st.cast);
   return f;
 }
 
@@ -95,12 +97,15 @@ void check_compute(const TensorView& t, const char* name, DType compute) {
              " must be the compute type ", dtype_name(compute), " (stages merge into it)");
 }
 
-void fill(const TensorView& t, double x) {
+// t (fp32 / fp64, small: max_logits, dsink) filled with x, on the host or through a host copy.
+void fill(const TensorView& t, double x, std::uintptr_t stream) {
+  const detail::HostCopy h(t, stream, false);
   const std::int64_t n = t.numel();
   if (t.dtype == DType::kF64)
-    for (std::int64_t i = 0; i < n; ++i) t.ptr<double>()[i] = x;
+    for (std::int64_t i = 0; i < n; ++i) h.view.ptr<double>()[i] = x;
   else
-    for (std::int64_t i = 0; i < n; ++i) t.ptr<float>()[i] = float(x);
+    for (std::int64_t i = 0; i < n; ++i) h.view.ptr<float>()[i] = float(x);
+  h.commit();
 }
 
 // Adds the seconds `fn` takes to *into (when stats are requested).
@@ -148,8 +153,12 @@ void PreparedRank::check_matches(const plan::DistPlan& plan, int rank) const {
   MAGI_CHECK(same, "prepared: its masks are not this plan's (prepared from another plan)");
 }
 
-void calc_attn_forward(const plan::DistPlan& plan, comm::Communicator& comm, const FwdArgs& a,
+void calc_attn_forward(const plan::DistPlan& plan, comm::Communicator& comm_in, const FwdArgs& a,
                        const AttnOptions& opts, CalcStats* stats, const PreparedRank* given) {
+  std::unique_ptr<comm::Communicator> staged;
+  comm::Communicator& comm = detail::for_rows(
+      comm_in, detail::any_on_device({&a.q, &a.k, &a.v, &a.out, &a.lse}), staged);
+  const std::uintptr_t stream = opts.cuda_stream;
   double* compute_s = stats ? &stats->compute_s : nullptr;
   double* wait_s = stats ? &stats->wait_s : nullptr;
   const plan::RankPlan& rp = rank_plan(plan, comm);
@@ -165,18 +174,18 @@ void calc_attn_forward(const plan::DistPlan& plan, comm::Communicator& comm, con
   const PreparedRank& pr = prepared_for(plan, comm, given, own);
 
   Fetch next;
-  if (!rp.stages.empty()) next = post_fetch(comm, rp.stages[0], a.k, a.v);
+  if (!rp.stages.empty()) next = post_fetch(comm, rp.stages[0], a.k, a.v, stream);
   if (nl > 0) {
     timed(compute_s, [&] { attn_forward(pr.host(), a, opts); });
   } else if (a.max_logits) {
-    fill(*a.max_logits, -std::numeric_limits<double>::infinity());
+    fill(*a.max_logits, -std::numeric_limits<double>::infinity(), stream);
   }
   AttnOptions acc = opts;
   acc.accumulate = true;
   for (std::size_t s = 0; s < rp.stages.size(); ++s) {
     Fetch cur = std::move(next);
     timed(wait_s, [&] { cur.wait(); });
-    if (s + 1 < rp.stages.size()) next = post_fetch(comm, rp.stages[s + 1], a.k, a.v);
+    if (s + 1 < rp.stages.size()) next = post_fetch(comm, rp.stages[s + 1], a.k, a.v, stream);
     const plan::Stage& st = rp.stages[s];
     if (st.slices.empty()) continue;
     FwdArgs sa = a;
@@ -186,14 +195,18 @@ void calc_attn_forward(const plan::DistPlan& plan, comm::Communicator& comm, con
     timed(compute_s, [&] { attn_forward(pr.stage(s), sa, acc); });
   }
   if (a.max_logits) {
-    comm::WorkPtr w = comm.all_reduce(detail::rows_of(*a.max_logits, "max_logits"),
+    comm::WorkPtr w = comm.all_reduce(detail::rows_of(*a.max_logits, "max_logits", stream),
                                       comm::ReduceOp::kMax);
     timed(wait_s, [&] { w->wait(); });
   }
 }
 
-void calc_attn_backward(const plan::DistPlan& plan, comm::Communicator& comm, const BwdArgs& a,
+void calc_attn_backward(const plan::DistPlan& plan, comm::Communicator& comm_in, const BwdArgs& a,
                         const AttnOptions& opts, CalcStats* stats, const PreparedRank* given) {
+  std::unique_ptr<comm::Communicator> staged;
+  comm::Communicator& comm = detail::for_rows(
+      comm_in, detail::any_on_device({&a.q, &a.k, &a.v, &a.dq, &a.dk, &a.dv}), staged);
+  const std::uintptr_t stream = opts.cuda_stream;
   double* compute_s = stats ? &stats->compute_s : nullptr;
   double* wait_s = stats ? &stats->wait_s : nullptr;
   const plan::RankPlan& rp = rank_plan(plan, comm);
@@ -205,31 +218,32 @@ void calc_attn_backward(const plan::DistPlan& plan, comm::Communicator& comm, co
   if (a.dsink) MAGI_CHECK(a.dsink->is_contiguous(), "dsink: must be contiguous, got ",
                           a.dsink->describe());
   const std::int64_t nl = a.q.shape[0];
-  const comm::Rows dk_rows = detail::rows_of(a.dk, "dk"), dv_rows = detail::rows_of(a.dv, "dv");
+  const comm::Rows dk_rows = detail::rows_of(a.dk, "dk", stream);
+  const comm::Rows dv_rows = detail::rows_of(a.dv, "dv", stream);
   validate_backward(Mask(nl, nl, {}), a, opts);  // before the first collective, as forward
   std::optional<PreparedRank> own;
   const PreparedRank& pr = prepared_for(plan, comm, given, own);
 
   Fetch next;
-  if (!rp.stages.empty()) next = post_fetch(comm, rp.stages[0], a.k, a.v);
+  if (!rp.stages.empty()) next = post_fetch(comm, rp.stages[0], a.k, a.v, stream);
   if (nl > 0) {
     timed(compute_s, [&] { attn_backward(pr.host(), a, opts); });
   } else if (a.dsink) {
-    fill(*a.dsink, 0.0);
+    fill(*a.dsink, 0.0, stream);
   }
   AttnOptions acc = opts;
   acc.accumulate = true;
   // Partial dK/dV of the previous stage stay alive until its reduce is waited on.
-  std::vector<unsigned char> prev_dk, prev_dv;
+  detail::Scratch prev_dk, prev_dv;
   comm::WorkPtr prev_dk_work, prev_dv_work;
   for (std::size_t s = 0; s < rp.stages.size(); ++s) {
     Fetch cur = std::move(next);
     timed(wait_s, [&] { cur.wait(); });
-    if (s + 1 < rp.stages.size()) next = post_fetch(comm, rp.stages[s + 1], a.k, a.v);
+    if (s + 1 < rp.stages.size()) next = post_fetch(comm, rp.stages[s + 1], a.k, a.v, stream);
     const plan::Stage& st = rp.stages[s];
     const std::int64_t nr = cur.k.shape[0];
     const std::size_t part_bytes = std::size_t(nr * detail::row_elems(a.dk) * dtype_size(compute));
-    std::vector<unsigned char> dk_part(part_bytes, 0), dv_part(part_bytes, 0);  // 0.0 is all-zero bits
+    detail::Scratch dk_part(part_bytes, a.dk, stream, true), dv_part(part_bytes, a.dv, stream, true);
     const TensorView pdk = shaped_like(a.dk, nr, dk_part.data(), compute);
     const TensorView pdv = shaped_like(a.dv, nr, dv_part.data(), compute);
     if (!st.slices.empty()) {
@@ -243,10 +257,10 @@ void calc_attn_backward(const plan::DistPlan& plan, comm::Communicator& comm, co
       timed(compute_s, [&] { attn_backward(pr.stage(s), sa, acc); });
     }
     const plan::GroupReduceArgs ra = plan::reduce_args(st.cast);
-    comm::WorkPtr dk_work = comm.group_reduce(detail::rows_of(pdk, "dk partial"), dk_rows, ra,
-                                              comm::ReduceOp::kSum);
-    comm::WorkPtr dv_work = comm.group_reduce(detail::rows_of(pdv, "dv partial"), dv_rows, ra,
-                                              comm::ReduceOp::kSum);
+    comm::WorkPtr dk_work = comm.group_reduce(detail::rows_of(pdk, "dk partial", stream), dk_rows,
+                                              ra, comm::ReduceOp::kSum);
+    comm::WorkPtr dv_work = comm.group_reduce(detail::rows_of(pdv, "dv partial", stream), dv_rows,
+                                              ra, comm::ReduceOp::kSum);
     timed(wait_s, [&] {
       if (prev_dk_work) prev_dk_work->wait();
       if (prev_dv_work) prev_dv_work->wait();
@@ -262,24 +276,28 @@ void calc_attn_backward(const plan::DistPlan& plan, comm::Communicator& comm, co
   });
 }
 
-double comm_only_seconds(const plan::DistPlan& plan, comm::Communicator& comm, const TensorView& k,
-                         const TensorView& v, bool backward) {
+double comm_only_seconds(const plan::DistPlan& plan, comm::Communicator& comm_in,
+                         const TensorView& k, const TensorView& v, bool backward) {
+  std::unique_ptr<comm::Communicator> staged;
+  comm::Communicator& comm = detail::for_rows(comm_in, detail::any_on_device({&k, &v}), staged);
   const plan::RankPlan& rp = rank_plan(plan, comm);
   const std::int64_t nl = plan.dispatch.rank_tokens(comm.rank());
   MAGI_CHECK(k.shape[0] == nl && v.shape[0] == nl, "comm_only_seconds: k/v have ", k.shape[0],
              "/", v.shape[0], " rows, but rank ", comm.rank(), " holds ", nl, " tokens");
   const DType compute = compute_type(k);
   const std::int64_t row = detail::row_elems(k);
-  std::vector<unsigned char> owner(std::size_t(nl * row * dtype_size(compute)), 0);
-  const comm::Rows owner_rows{owner.data(), nl, row, compute};
+  detail::Scratch owner(std::size_t(nl * row * dtype_size(compute)), k, 0, true);
+  const comm::Rows owner_rows =
+      detail::rows_of(shaped_like(k, nl, owner.data(), compute), "dk owner rows");
   double seconds = 0;
   for (const plan::Stage& st : rp.stages) {
     timed(&seconds, [&] {
-      Fetch f = post_fetch(comm, st, k, v);
+      Fetch f = post_fetch(comm, st, k, v, 0);
       f.wait();
       if (!backward) return;
-      std::vector<unsigned char> part(std::size_t(f.k.shape[0] * row * dtype_size(compute)), 0);
-      const comm::Rows part_rows{part.data(), f.k.shape[0], row, compute};
+      detail::Scratch part(std::size_t(f.k.shape[0] * row * dtype_size(compute)), k, 0, true);
+      const comm::Rows part_rows =
+          detail::rows_of(shaped_like(k, f.k.shape[0], part.data(), compute), "dk partial");
       const plan::GroupReduceArgs ra = plan::reduce_args(st.cast);
       comm::WorkPtr dk = comm.group_reduce(part_rows, owner_rows, ra, comm::ReduceOp::kSum);
       comm::WorkPtr dv = comm.group_reduce(part_rows, owner_rows, ra, comm::ReduceOp::kSum);

@@ -27,7 +27,12 @@ void check_pair(const plan::DistPlan& plan, int rank, const comm::Rows& global,
 }  // namespace
 
 void dispatch(const plan::DistPlan& plan, const comm::Communicator& comm, const TensorView& global,
-              const TensorView& local) {
+              const TensorView& local, std::uintptr_t stream) {
+  if (detail::any_on_device({&global, &local})) {
+    const detail::HostCopy g(global, stream, true), l(local, stream, false);
+    dispatch(plan, comm, g.view, l.view);
+    return l.commit();
+  }
   const comm::Rows g = detail::rows_of(global, "global"), l = detail::rows_of(local, "local");
   const int rank = comm.rank();
   check_pair(plan, rank, g, l);
@@ -42,7 +47,12 @@ void dispatch(const plan::DistPlan& plan, const comm::Communicator& comm, const 
 }
 
 void undispatch(const plan::DistPlan& plan, comm::Communicator& comm, const TensorView& local,
-                const TensorView& global) {
+                const TensorView& global, std::uintptr_t stream) {
+  if (detail::any_on_device({&global, &local})) {
+    const detail::HostCopy l(local, stream, true), g(global, stream, false);
+    undispatch(plan, comm, l.view, g.view);
+    return g.commit();
+  }
   const comm::Rows g = detail::rows_of(global, "global"), l = detail::rows_of(local, "local");
   check_pair(plan, comm.rank(), g, l);
   const int cp = int(plan.ranks.size());

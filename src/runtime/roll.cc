@@ -110,7 +110,15 @@ void fill_rows(unsigned char* dst, std::int64_t rows, std::int64_t row_elems, DT
 }  // namespace
 
 void roll(const plan::DistPlan& plan, comm::Communicator& comm, const TensorView& local_in,
-          const TensorView& local_out, std::int64_t shift, std::optional<double> fill) {
+          const TensorView& local_out, std::int64_t shift, std::optional<double> fill,
+          std::uintptr_t stream) {
+  if (detail::any_on_device({&local_in, &local_out})) {
+    MAGI_CHECK(local_in.numel() == 0 || local_in.data != local_out.data,
+               "roll: local_in and local_out alias");
+    const detail::HostCopy in(local_in, stream, true), out(local_out, stream, false);
+    roll(plan, comm, in.view, out.view, shift, fill);
+    return out.commit();
+  }
   const comm::Rows in = detail::rows_of(local_in, "local_in");
   const comm::Rows out = detail::rows_of(local_out, "local_out");
   const int cp = int(plan.ranks.size()), rank = comm.rank();

@@ -6,8 +6,10 @@ The reference is the numpy API (torch's first custom-op call costs seconds per r
 A failure raises (non-zero exit); each rank prints "rank R: PASS <mode> max rel err E" at the
 end. Modes: main (torch autograd on every mask, numpy path, roll, bf16), mpi4py (numpy path
 on cp groups split by mpi4py), validate (every argument check of magiattn.dist and the
-timeout of a skipped call, keys that differ between ranks), crash (rank 0 raises while the others wait). Only main imports
-torch (its import dominates the run time).
+timeout of a skipped call, keys that differ between ranks), crash (rank 0 raises while the others wait), cuda (bf16
+CUDA tensors, the ranks sharing one GPU: the runtime on the sm90 kernels behind MPI host
+staging, vs the single-GPU kernel). Only main and cuda import torch (its import dominates the
+run time).
 """
 
 import os
@@ -23,7 +25,7 @@ import oracle  # noqa: E402
 MODE = sys.argv[1] if len(sys.argv) > 1 else "main"
 if MODE == "mpi4py":
     from mpi4py import MPI  # initialises MPI before magiattn does
-torch = __import__("torch") if MODE == "main" else None
+torch = __import__("torch") if MODE in ("main", "cuda") else None
 
 import magiattn  # noqa: E402
 
@@ -170,6 +172,46 @@ def check_bf16(key):
     print(f"rank {key.cp_rank}: OK bf16 (abs err {err:.2e})", flush=True)
 
 
+def check_cuda():
+    """bf16 CUDA tensors end to end (dispatch, calc_attn, backward, undispatch) against the
+    single-GPU kernel on the whole problem: within bf16 rounding of each other (the stages merge
+    in fp32, the single call inside its tiles; both round P to bf16)."""
+    n, hq, hkv, d = 512, 4, 2, 128
+    rng = np.random.default_rng(5)
+    cu = [0, 100, 107, 300, n]
+    key = magiattn.magi_attn_varlen_key(  # 512 tokens: uneven shards at 3 ranks
+        cu, cu, hq, hkv, d, causal=True, dist_attn_config=magiattn.DistAttnConfig(uneven=True))
+    dev = torch.device("cuda")
+    p = {x: torch.tensor(rng.standard_normal(shape), dtype=torch.bfloat16, device=dev)
+         for x, shape in (("q", (n, hq, d)), ("k", (n, hkv, d)), ("v", (n, hkv, d)),
+                          ("dout", (n, hq, d)))}
+    q, k, v = (p[x].clone().requires_grad_(True) for x in "qkv")
+    out, meta = magiattn.calc_attn(*(magiattn.dispatch(x, key) for x in (q, k, v)), key,
+                                   return_max_logits=True)
+    assert out.is_cuda and out.dtype == torch.bfloat16 and meta.lse.is_cuda
+    magiattn.undispatch(out, key).backward(p["dout"])
+    q1, k1, v1 = (p[x].clone().requires_grad_(True) for x in "qkv")
+    mask = key.mask
+    out1, meta1 = magiattn.flex_flash_attn_func(
+        q1, k1, v1, torch.tensor(mask.q_ranges(), dtype=torch.int32, device=dev),
+        torch.tensor(mask.k_ranges(), dtype=torch.int32, device=dev),
+        torch.tensor(mask.attn_type_map(), dtype=torch.int32, device=dev), return_max_logits=True)
+    out1.backward(p["dout"])
+    pos = torch.from_numpy(magiattn.get_position_ids(key)).to(dev)
+
+    def close(name, a, b, tol):
+        err = float((a.double() - b.double()).abs().max() / b.double().abs().max())
+        assert torch.isfinite(a).all() and err <= tol, f"cuda {name}: relative error {err:.3g}"
+        return err
+
+    errs = [close("out", out.detach(), out1.detach()[pos], 2e-2),
+            close("lse", meta.lse, meta1.lse[pos], 1e-3),
+            close("max_logits", meta.max_logits, meta1.max_logits, 1e-6)]
+    errs += [close(f"d{x}", a.grad, b.grad, 3e-2) for x, a, b in
+             (("q", q, q1), ("k", k, k1), ("v", v, v1))]
+    print(f"rank {key.cp_rank}: OK cuda (max rel err {max(errs):.2e})", flush=True)
+
+
 def check_torch_args(key):
     q = torch.zeros(key.num_local_tokens, HQ, D, dtype=torch.float64)
     k = torch.zeros(key.num_local_tokens, HKV, D, dtype=torch.float64)
@@ -177,7 +219,7 @@ def check_torch_args(key):
            k, k, key, sink=np.zeros((2, HQ)))
     raises(ValueError, "x: 3 rows (dim 0, shape [3, 2])", magiattn.dispatch,
            torch.zeros(3, 2), key)
-    raises(ValueError, "x: on meta, but the distributed runtime moves host buffers",
+    raises(ValueError, "x: on meta, but the distributed runtime takes CPU or CUDA tensors",
            magiattn.dispatch, torch.empty(key.total_seqlen, 2, device="meta"), key)
     print(f"rank {key.cp_rank}: OK torch argument checks", flush=True)
 
@@ -370,6 +412,8 @@ if __name__ == "__main__":
         assert world.allreduce(1) == world.size  # mpi4py's own comm is untouched
     elif MODE == "validate":
         validate()
+    elif MODE == "cuda":
+        check_cuda()
     elif MODE == "crash":  # rank 0 raises; the others wait in a collective it never joins
         key = magiattn.magi_attn_flex_key([[0, N]], [[0, N]], "full", N, N, HQ, HKV, D)
         if key.cp_rank == 0:

@@ -50,6 +50,18 @@ def test_matches_single_process(np_):
 
 
 @needs_mpi
+@pytest.mark.parametrize("np_", [1, 2, 3])
+def test_cuda_tensors_with_ranks_sharing_one_gpu(np_):
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    import magiattn
+    if "bf16/128" not in str(magiattn.info().get("sm90_forward", "")):
+        pytest.skip("magiattn built without the bf16 / D 128 sm90 kernels")
+    run_worker(np_, "cuda")
+
+
+@needs_mpi
 def test_mpi4py_groups():
     pytest.importorskip("mpi4py")
     run_worker(3, "mpi4py")  # groups of 2 and 1 ranks

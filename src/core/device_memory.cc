@@ -1,0 +1,110 @@
+// include/magi/device_memory.h: plain CUDA runtime calls (no kernels), or errors in a build
+// without CUDA.
+#include "magi/device_memory.h"
+
+#include <utility>
+
+#include "magi/error.h"
+
+#if MAGI_HAS_CUDA
+#include <cuda_runtime.h>
+#endif
+
+namespace magi::device {
+
+#if MAGI_HAS_CUDA
+namespace {
+
+void ok(cudaError_t e, const char* what) {
+  MAGI_CHECK(e == cudaSuccess, "device memory: ", what, ": ", cudaGetErrorString(e));
+}
+cudaStream_t as_stream(std::uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
+// Makes `device` current for the calls that follow (the caller's thread may be on another).
+void on(int device) { ok(cudaSetDevice(device), "cudaSetDevice"); }
+
+}  // namespace
+
+bool built_with_cuda() { return true; }
+
+Buffer::Buffer(std::size_t bytes, int device, std::uintptr_t stream)
+    : bytes_(bytes), device_(device), stream_(stream) {
+  if (bytes == 0) return;
+  on(device);
+  ok(cudaMallocAsync(&data_, bytes, as_stream(stream)), "cudaMallocAsync");
+}
+
+void Buffer::reset() noexcept {
+  if (data_ == nullptr) return;
+  cudaSetDevice(device_);
+  cudaFreeAsync(data_, as_stream(stream_));  // cannot throw here: a failure shows later
+  data_ = nullptr;
+}
+
+Buffer::~Buffer() { reset(); }
+
+Buffer& Buffer::operator=(Buffer&& o) noexcept {
+  if (this != &o) {
+    reset();
+    data_ = std::exchange(o.data_, nullptr);
+    bytes_ = std::exchange(o.bytes_, 0);
+    device_ = o.device_;
+    stream_ = o.stream_;
+  }
+  return *this;
+}
+
+void zero(void* dst, std::size_t bytes, int device, std::uintptr_t stream) {
+  if (bytes == 0) return;
+  on(device);
+  ok(cudaMemsetAsync(dst, 0, bytes, as_stream(stream)), "cudaMemsetAsync");
+}
+
+void to_host(void* dst, const void* src, std::size_t bytes, int device, std::uintptr_t stream) {
+  if (bytes == 0) return;
+  on(device);
+  ok(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, as_stream(stream)),
+     "device to host copy");
+  ok(cudaStreamSynchronize(as_stream(stream)), "device to host copy (stream synchronize)");
+}
+
+void to_device(void* dst, const void* src, std::size_t bytes, int device, std::uintptr_t stream) {
+  if (bytes == 0) return;
+  on(device);
+  ok(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, as_stream(stream)),
+     "host to device copy");
+  // Pageable host memory: the copy has read `src` when the stream reaches it.
+  ok(cudaStreamSynchronize(as_stream(stream)), "host to device copy (stream synchronize)");
+}
+
+#else
+
+namespace {
+[[noreturn]] void no_cuda(const char* what) {
+  MAGI_FAIL("device memory: ", what, ": this build of magiattn has no CUDA (a CPU-only build)");
+}
+}  // namespace
+
+bool built_with_cuda() { return false; }
+Buffer::Buffer(std::size_t bytes, int, std::uintptr_t) {
+  if (bytes != 0) no_cuda("allocation");
+}
+void Buffer::reset() noexcept {}
+Buffer::~Buffer() = default;
+Buffer& Buffer::operator=(Buffer&& o) noexcept {
+  data_ = std::exchange(o.data_, nullptr);
+  bytes_ = std::exchange(o.bytes_, 0);
+  return *this;
+}
+void zero(void*, std::size_t bytes, int, std::uintptr_t) {
+  if (bytes != 0) no_cuda("zeroing");
+}
+void to_host(void*, const void*, std::size_t bytes, int, std::uintptr_t) {
+  if (bytes != 0) no_cuda("device to host copy");
+}
+void to_device(void*, const void*, std::size_t bytes, int, std::uintptr_t) {
+  if (bytes != 0) no_cuda("host to device copy");
+}
+
+#endif
+
+}  // namespace magi::device

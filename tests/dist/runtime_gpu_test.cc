@@ -1,0 +1,145 @@
+// The distributed runtime on CUDA tensors (issue 16's one-GPU path): mpirun -np 1-4 processes
+// share the GPU, the MPI communicator behind host staging (comm.h with_device_staging). Every
+// rank builds the same bf16 problem, plans it for cp = world size, runs calc_attn forward and
+// backward on device tensors (dispatched on the device too) and compares, on its own rows, with
+// the fp64 oracle by docs/semantics.md §5's rule against the single-GPU kernel on the whole
+// problem: err(distributed) <= 2 err(single GPU) + u / 16 (the stages merge in fp32 where the
+// single call merges inside its tiles; both round P to bf16). Checks use EXPECT only, so a
+// failing rank still joins every later collective.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "attn_case.h"
+#include "dist_env.h"
+#include "magi/mask_builders.h"
+#include "magi/runtime.h"
+#include "sm90_support.h"
+
+namespace magi {
+namespace {
+
+using namespace gputest;
+
+// Global rows [n, h, d] -> this rank's local rows, on the host (the reference's side).
+std::vector<double> local_of(const plan::DistPlan& dp, std::vector<double> global, std::int64_t n,
+                             std::int64_t h, std::int64_t d) {
+  const std::int64_t nl = dp.dispatch.rank_tokens(testing::world().rank());
+  std::vector<double> l(std::size_t(nl * h * d));
+  runtime::dispatch(dp, testing::world(), make_view(global.data(), DType::kF64, {n, h, d}),
+                    make_view(l.data(), DType::kF64, {nl, h, d}));
+  return l;
+}
+
+double err(const std::vector<double>& got, const std::vector<double>& want, double scale) {
+  return testing::err_at_scale(got, want, scale);
+}
+
+void run_case(const Mask& mask, std::int64_t hq, std::int64_t hkv, int stages,
+              const std::string& what) {
+  comm::Communicator& world = testing::world();
+  SCOPED_TRACE(what + " on rank " + std::to_string(world.rank()));
+  Case c;
+  c.hq = hq, c.hkv = hkv;
+  c.out = DType::kF32;  // the runtime keeps out in the compute type
+  const std::int64_t n = mask.total_seqlen_q(), d = c.d;
+  const Problem p = make_problem(mask, c, 41);  // every rank: the same rounded inputs
+  plan::PlanOptions po;
+  po.dispatch.cp = world.size();
+  po.dispatch.chunk_size = 64;
+  po.num_stages = stages;
+  const plan::DistPlan dp = plan::make_plan(mask, po);
+  const std::int64_t nl = dp.dispatch.rank_tokens(world.rank());
+
+  // The single-GPU kernel on the whole problem.
+  GpuCall whole(p, c);
+  attn_forward(mask, whole.args(false), c.opts);
+  DevTensor dout(c.in, {n, hq, d}), dq(DType::kF32, {n, hq, d}), dk(DType::kF32, {n, hkv, d}),
+      dv(DType::kF32, {n, hkv, d});
+  dout.upload(p.dout);
+  attn_backward(mask, BwdArgs{dout.view, whole.q.view, whole.k.view, whole.v.view, whole.out.view,
+                              whole.lse.view, dq.view, dk.view, dv.view, std::nullopt, std::nullopt},
+                c.opts);
+  sync("single-GPU reference");
+
+  // Distributed, on device tensors: global inputs on the device, dispatched there.
+  auto local_dev = [&](const DevTensor& g, std::int64_t h) {
+    DevTensor l(g.dtype, {nl, h, d});
+    runtime::dispatch(dp, world, g.view, l.view);
+    return l;
+  };
+  DevTensor ql = local_dev(whole.q, hq), kl = local_dev(whole.k, hkv), vl = local_dev(whole.v, hkv),
+            dol = local_dev(dout, hq);
+  DevTensor ol(DType::kF32, {nl, hq, d}), ll(DType::kF32, {nl, hq}), mll(DType::kF32, {hq});
+  runtime::calc_attn_forward(dp, world,
+                             FwdArgs{ql.view, kl.view, vl.view, ol.view, ll.view, std::nullopt,
+                                     mll.view},
+                             c.opts);
+  DevTensor dql(DType::kF32, {nl, hq, d}), dkl(DType::kF32, {nl, hkv, d}),
+      dvl(DType::kF32, {nl, hkv, d});
+  runtime::calc_attn_backward(dp, world,
+                              BwdArgs{dol.view, ql.view, kl.view, vl.view, ol.view, ll.view,
+                                      dql.view, dkl.view, dvl.view, std::nullopt, std::nullopt},
+                              c.opts);
+  sync("distributed");
+
+  // Both against the oracle, on this rank's rows.
+  const oracle::FwdResult of = oracle::forward(mask, p);
+  const oracle::BwdResult ob = oracle::backward(mask, p);
+  const double u = testing::unit_roundoff(c.in) / 16;
+  auto check = [&](const char* name, const std::vector<double>& dist, std::vector<double> single,
+                   std::vector<double> want, std::int64_t h, std::int64_t w, double scale) {
+    const std::vector<double> s = local_of(dp, std::move(single), n, h, w);
+    const std::vector<double> o = local_of(dp, std::move(want), n, h, w);
+    const double e = err(dist, o, scale), es = err(s, o, scale);
+    EXPECT_TRUE(std::isfinite(es)) << name << ": the single-GPU kernel disagrees with the oracle on NaN";
+    EXPECT_LE(e, 2 * es + u) << name << ": distributed error " << e << " vs single-GPU " << es;
+  };
+  const double gs = testing::grad_scale(ob);
+  check("out", ol.download(), whole.out.download(), of.out, hq, d, 0);
+  check("lse", ll.download(), whole.lse.download(), of.lse, hq, 1, 1.0);
+  check("dq", dql.download(), dq.download(), ob.dq, hq, d, gs);
+  check("dk", dkl.download(), dk.download(), ob.dk, hkv, d, gs);
+  check("dv", dvl.download(), dv.download(), ob.dv, hkv, d, gs);
+  EXPECT_EQ(mll.download(), whole.max_logits.download()) << "max_logits (a max: exact)";
+}
+
+TEST(RuntimeGpu, CalcAttnOnDeviceTensorsMatchesTheSingleGpuKernel) {
+  REQUIRE_GPU();
+  if (!built(DType::kBF16, 128)) return;
+  std::mt19937_64 rng(5);
+  const std::int64_t n = 320 * testing::world().size();
+  run_case(masks::causal(n, n), 4, 2, 2, "causal");
+  run_case(masks::varlen_causal(prefix_sums({n / 4, 7, n / 2, 33, n - n / 4 - n / 2 - 40})), 4, 4, 3,
+           "varlen causal");
+  run_case(masks::sliding_window(n, n, {96, 0}), 4, 1, 1, "sliding window, MQA");
+  run_case(testing::packed_documents(rng, n), 4, 2, 0, "packed documents, no overlap stages");
+}
+
+TEST(RuntimeGpu, DeviceDispatchAndUndispatchMatchTheHostOnes) {
+  REQUIRE_GPU();
+  comm::Communicator& world = testing::world();
+  const std::int64_t n = 200 * world.size() + 3, h = 2, d = 8;
+  plan::PlanOptions po;
+  po.dispatch.cp = world.size();
+  po.dispatch.chunk_size = 16;
+  po.dispatch.uneven = true;
+  const plan::DistPlan dp = plan::make_plan(masks::causal(n, n), po);
+  const std::int64_t nl = dp.dispatch.rank_tokens(world.rank());
+  std::vector<double> g(std::size_t(n * h * d));
+  for (std::size_t i = 0; i < g.size(); ++i) g[i] = double(i);
+  DevTensor gd(DType::kF32, {n, h, d}), ld(DType::kF32, {nl, h, d}), back(DType::kF32, {n, h, d});
+  gd.upload(g);
+  runtime::dispatch(dp, world, gd.view, ld.view);
+  runtime::undispatch(dp, world, ld.view, back.view);
+  sync("dispatch");
+  EXPECT_EQ(ld.download(), local_of(dp, g, n, h, d));
+  EXPECT_EQ(back.download(), g);
+}
+
+}  // namespace
+}  // namespace magi
