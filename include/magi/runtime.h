@@ -29,6 +29,11 @@ void dispatch(const plan::DistPlan& plan, const comm::Communicator& comm, const 
 // This rank's local rows -> the global [N, ...] rows on every rank (all_gather_v). Collective.
 void undispatch(const plan::DistPlan& plan, comm::Communicator& comm, const TensorView& local,
                 const TensorView& global, std::uintptr_t stream = 0);
+// In place over the ranks (op sum or max), a contiguous fp32 / fp64 tensor (any shape) on the
+// host or a device (there through host staging when the communicator takes host rows only).
+// Collective.
+void all_reduce(comm::Communicator& comm, const TensorView& x, comm::ReduceOp op,
+                std::uintptr_t stream = 0);
 
 // Where one rank's calc_attn time went (optional output; docs/semantics.md §4's "hidden comm"),
 // host clocks. On CUDA tensors the kernels run asynchronously: compute_s counts their launches

@@ -8,7 +8,6 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
-#include <memory>
 #include <optional>
 #include <string>
 
@@ -116,15 +115,8 @@ void all_reduce(Comm& c, nb::handle data, const std::string& op, std::uintptr_t 
              "x: all_reduce needs float32 or float64, got ", dtype_name(x.dtype));
   MAGI_CHECK(x.is_contiguous(), "x: must be contiguous, got ", x.describe());
   collective(c, "all_reduce", [&](comm::Communicator& mc) {
-    comm::Rows rows{x.data, x.numel(), 1, x.dtype};
-    std::unique_ptr<comm::Communicator> staged;  // device rows over MPI: host staging
-    if (x.device == Device::kCUDA) {
-      rows.device = x.device_idx, rows.stream = cuda_stream;
-      staged = comm::with_device_staging(mc);
-    }
-    (staged ? *staged : mc)
-        .all_reduce(rows, op == "sum" ? comm::ReduceOp::kSum : comm::ReduceOp::kMax)
-        ->wait();
+    runtime::all_reduce(mc, x, op == "sum" ? comm::ReduceOp::kSum : comm::ReduceOp::kMax,
+                        cuda_stream);
   });
 }
 

@@ -2,6 +2,7 @@
 // without CUDA.
 #include "magi/device_memory.h"
 
+#include <string>
 #include <utility>
 
 #include "magi/error.h"
@@ -59,21 +60,24 @@ void zero(void* dst, std::size_t bytes, int device, std::uintptr_t stream) {
   ok(cudaMemsetAsync(dst, 0, bytes, as_stream(stream)), "cudaMemsetAsync");
 }
 
-void to_host(void* dst, const void* src, std::size_t bytes, int device, std::uintptr_t stream) {
+namespace {
+// A copy queued on `stream`, returned from once the stream has reached its end (device to
+// host: the bytes are there; host to device, pageable memory: `src` has been read).
+void copy_now(void* dst, const void* src, std::size_t bytes, int device, std::uintptr_t stream,
+              cudaMemcpyKind kind, const std::string& what) {
   if (bytes == 0) return;
   on(device);
-  ok(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, as_stream(stream)),
-     "device to host copy");
-  ok(cudaStreamSynchronize(as_stream(stream)), "device to host copy (stream synchronize)");
+  ok(cudaMemcpyAsync(dst, src, bytes, kind, as_stream(stream)), what.c_str());
+  ok(cudaStreamSynchronize(as_stream(stream)), (what + " (stream synchronize)").c_str());
+}
+}  // namespace
+
+void to_host(void* dst, const void* src, std::size_t bytes, int device, std::uintptr_t stream) {
+  copy_now(dst, src, bytes, device, stream, cudaMemcpyDeviceToHost, "device to host copy");
 }
 
 void to_device(void* dst, const void* src, std::size_t bytes, int device, std::uintptr_t stream) {
-  if (bytes == 0) return;
-  on(device);
-  ok(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, as_stream(stream)),
-     "host to device copy");
-  // Pageable host memory: the copy has read `src` when the stream reaches it.
-  ok(cudaStreamSynchronize(as_stream(stream)), "host to device copy (stream synchronize)");
+  copy_now(dst, src, bytes, device, stream, cudaMemcpyHostToDevice, "host to device copy");
 }
 
 #else

@@ -71,4 +71,14 @@ void undispatch(const plan::DistPlan& plan, comm::Communicator& comm, const Tens
     std::memcpy(dst + perm[i] * row, gathered.data() + std::int64_t(i) * row, std::size_t(row));
 }
 
+void all_reduce(comm::Communicator& comm_in, const TensorView& x, comm::ReduceOp op,
+                std::uintptr_t stream) {
+  std::unique_ptr<comm::Communicator> staged;
+  comm::Communicator& comm = detail::for_rows(comm_in, detail::any_on_device({&x}), staged);
+  // One element per row (a 0-dim tensor too); the caller checked that x is contiguous.
+  comm::Rows rows{x.data, x.numel(), 1, x.dtype};
+  if (x.device == Device::kCUDA) rows.device = x.device_idx, rows.stream = stream;
+  comm.all_reduce(rows, op)->wait();
+}
+
 }  // namespace magi::runtime
