@@ -63,6 +63,9 @@ class Communicator {
   // Whether its operations take Rows on a device (NCCL: yes; MPI: no, with_device_staging
   // below wraps it).
   virtual bool device_rows() const { return false; }
+  // True once a failure (timeout, dead peer, backend error) made it unusable: every later call
+  // throws, and the caller should stop.
+  virtual bool broken() const { return false; }
   void set_timeout(std::chrono::milliseconds t) { timeout_ = t; }
 
   // Split i of `input` (input_split_sizes[i] rows) goes to every rank in dst_ranks[i];

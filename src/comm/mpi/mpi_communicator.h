@@ -45,7 +45,7 @@ class MpiCommunicator final : public Communicator {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  bool broken() const { return !broken_reason_.empty(); }
+  bool broken() const override { return !broken_reason_.empty(); }
   bool has_progress_thread() const { return progress_.joinable(); }
 
   using Communicator::group_cast;
