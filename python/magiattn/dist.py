@@ -1,4 +1,4 @@
-"""Distributed attention over MPI ranks (CPU), with MagiAttention's API (docs/semantics.md §3)::
+"""Distributed attention over MPI or NCCL ranks, with MagiAttention's API (docs/semantics.md §3)::
 
     key = magi_attn_flex_key(q_ranges, k_ranges, types, n, n, hq, hkv, d)  # once per mask
     q = dispatch(global_q, key)              # this rank's tokens, no communication
@@ -6,10 +6,13 @@
     global_out = undispatch(out, key)        # every rank gets the global order (all_gather_v)
 
 Key decisions: every rank computes the same plan from the mask alone (``make_plan``, no
-exchange) and it enters the MPI module ``magiattn._dist`` as its JSON text, so ``_C`` and
-``_dist`` share no C++ types. ``_dist`` is built only where MPI was found and is imported on
-first use, so ``import magiattn`` never needs MPI. MPI is initialised on first use unless it
-already is (``from mpi4py import MPI`` first is fine) and finalised at exit only if we did it.
+exchange) and it stays inside ``magiattn._dist``, so ``_C`` and ``_dist`` share no C++ types.
+``_dist`` is built where MPI or NCCL (a CUDA build) was found and is imported on first use, so
+``import magiattn`` never needs either. The cp group is MPI_COMM_WORLD (None), an mpi4py comm
+(MPI), a torch.distributed ProcessGroup or 1-D DeviceMesh (NCCL over the group's ranks, one
+communicator per group, bootstrapped through the group itself, whatever its backend) or a
+``Communicator``. MPI is initialised when the first MPI communicator is made unless it already
+is (``from mpi4py import MPI`` first is fine) and finalised at exit only if we did it.
 dsink is this rank's partial by default (``dsink_all_reduce_op="none"``, as MagiAttention):
 the sink is a replicated parameter whose gradient the data-parallel reduction sums; "sum" or
 "avg" reduce it over the cp group here instead.
@@ -35,12 +38,16 @@ __all__ = ["Communicator", "DistAttnRuntimeKey", "calc_attn", "calc_attn_backwar
            "get_position_ids", "magi_attn_flex_key", "magi_attn_varlen_key", "roll",
            "undispatch", "world_communicator"]
 
-_HINT = ("the distributed API needs magiattn._dist, which is built only when MPI is found: "
-         "install an MPI (Debian/Ubuntu: apt install libopenmpi-dev openmpi-bin), then "
-         "reinstall magiattn (pip install .)")
+_HINT = ("the distributed API needs magiattn._dist, which is built when MPI or NCCL is found: "
+         "install an MPI (Debian/Ubuntu: apt install libopenmpi-dev openmpi-bin), or build "
+         "with CUDA (nvcc) for NCCL, then reinstall magiattn (pip install .)")
+_DEFAULT_TIMEOUT = 300.0  # seconds, as comm.h's Communicator
 _DSINK_OPS = ("none", "sum", "avg")
 _lib_module = None
 _world: Optional["Communicator"] = None
+# One NCCL communicator per torch.distributed ProcessGroup (creating one is collective), keyed by
+# id(group) with the group held, so that the id cannot be reused while the entry lives.
+_torch_comms: "dict[int, tuple[Any, Communicator]]" = {}
 # Keys and communicators alive at exit (an autograd graph holds keys) drop their C++ objects
 # first, so that MPI is finalised after every communicator and nanobind reports no leaks.
 _live: "weakref.WeakSet[Any]" = weakref.WeakSet()
@@ -53,7 +60,6 @@ def _lib():
             from . import _dist
         except ImportError as e:
             raise ImportError(f"{_HINT} ({e})") from e
-        _dist.init_mpi()
         atexit.register(_shutdown)
         _lib_module = _dist
     return _lib_module
@@ -62,6 +68,7 @@ def _lib():
 def _shutdown() -> None:
     global _world
     _world = None
+    _torch_comms.clear()
     for obj in list(_live):
         vars(obj).clear()
     # After an uncaught exception, MPI_Finalize would wait for peers that may be blocked in a
@@ -72,23 +79,88 @@ def _shutdown() -> None:
 
 # ---- communicators ----------------------------------------------------------------------------
 class Communicator:
-    """A cp group over MPI, duplicated so that magiattn's messages never meet the caller's.
+    """A cp group: MPI (CPU ranks, or CUDA tensors staged through host memory) or NCCL (one
+    process per GPU). Creating one is collective over the group.
 
-    ``comm``: None (MPI_COMM_WORLD) or an mpi4py ``MPI.Comm`` (anything with ``py2f()``).
+    ``Communicator(comm=None)``: MPI over MPI_COMM_WORLD (None) or an mpi4py ``MPI.Comm``
+    (anything with ``py2f()``), duplicated so that magiattn's messages never meet the caller's.
+    NCCL: ``from_torch_group(group)``, ``nccl_from_mpi(comm)`` or ``nccl(unique_id, ...)``.
     ``timeout`` (seconds, default 300) bounds every wait: past it the call raises RuntimeError
-    naming the ranks it waited for, and the communicator refuses further calls. Creating one
-    is collective over the group.
+    naming the ranks it waited for, and the communicator refuses further calls.
     """
 
     def __init__(self, comm: Any = None, *, timeout: Optional[float] = None):
         if comm is not None and not hasattr(comm, "py2f"):
             raise TypeError(f"comm: expected None (MPI_COMM_WORLD) or an mpi4py MPI.Comm, got "
                             f"{type(comm).__name__}")
-        self._c = _lib().Communicator(None if comm is None else int(comm.py2f()))
+        self._adopt(_lib().Communicator(None if comm is None else int(comm.py2f())), timeout)
+
+    def _adopt(self, native: Any, timeout: Optional[float]) -> None:
+        self._c = native
         _live.add(self)
         if timeout is not None:
             self.timeout = timeout
 
+    @classmethod
+    def nccl(cls, unique_id: bytes, rank: int, size: int, device: int, *,
+             timeout: Optional[float] = None) -> "Communicator":
+        """NCCL on CUDA device ``device``, collective over the ``size`` ranks that pass the
+        same ``unique_id`` (128 bytes of ``magiattn._dist.nccl_unique_id()`` made on one rank
+        and handed to all by the caller). The bootstraps below call this."""
+        self = cls.__new__(cls)
+        self._adopt(_lib().Communicator.nccl(
+            bytes(unique_id), int(rank), int(size), int(device),
+            _DEFAULT_TIMEOUT if timeout is None else float(timeout)), None)
+        return self
+
+    @classmethod
+    def from_torch_group(cls, group: Any = None, *,
+                         timeout: Optional[float] = None) -> "Communicator":
+        """The NCCL communicator over the ranks of a torch.distributed ProcessGroup (None: the
+        default group) of any backend (gloo, nccl), on ``torch.cuda.current_device()``. Made
+        once per group (collective: group rank 0 makes the id and broadcasts it over the
+        group), then returned from the cache; ``timeout`` also applies to a cached one."""
+        tdist = _torch_distributed()
+        if tdist is None or not tdist.is_initialized():
+            raise ValueError("from_torch_group: torch.distributed is not initialised (call "
+                             "torch.distributed.init_process_group first)")
+        g = tdist.group.WORLD if group is None else group
+        if not isinstance(g, tdist.ProcessGroup):
+            raise TypeError(f"group: expected a torch.distributed ProcessGroup or None (the "
+                            f"default group), got {type(group).__name__}")
+        hit = _torch_comms.get(id(g))
+        if hit is None:
+            rank = tdist.get_rank(g)
+            if rank < 0:
+                raise ValueError(f"group: global rank {tdist.get_rank()} is not a member of "
+                                 "the group")
+            # With the nccl backend the object travels on the current CUDA device (torch's
+            # rule): set it (torch.cuda.set_device) before the first call.
+            payload = [_nccl_id() if rank == 0 else None]
+            tdist.broadcast_object_list(payload, src=tdist.get_global_rank(g, 0), group=g)
+            c = cls.nccl(_received_id(payload[0]), rank, tdist.get_world_size(g),
+                         _current_cuda_device(), timeout=timeout)
+            _torch_comms[id(g)] = (g, c)
+            return c
+        c = hit[1]
+        if timeout is not None:
+            c.timeout = timeout
+        return c
+
+    @classmethod
+    def nccl_from_mpi(cls, comm: Any, *, device: Optional[int] = None,
+                      timeout: Optional[float] = None) -> "Communicator":
+        """An NCCL communicator over the ranks of an mpi4py communicator (its rank 0 makes the
+        id, ``comm.bcast`` hands it to all), on ``device`` (None: torch's current device).
+        Collective; a new communicator per call."""
+        if not (hasattr(comm, "bcast") and hasattr(comm, "Get_rank")):
+            raise TypeError(f"comm: expected an mpi4py MPI.Comm, got {type(comm).__name__}")
+        rank = comm.Get_rank()
+        uid = _received_id(comm.bcast(_nccl_id() if rank == 0 else None, root=0))
+        return cls.nccl(uid, rank, comm.Get_size(),
+                        _current_cuda_device() if device is None else device, timeout=timeout)
+
+    backend = property(lambda self: self._c.backend, doc='"mpi" or "nccl"')
     rank = property(lambda self: self._c.rank)
     size = property(lambda self: self._c.size)
     broken = property(lambda self: self._c.broken, doc="a wait failed; every call now raises")
@@ -106,34 +178,89 @@ class Communicator:
 
     def all_reduce(self, x: Any, op: str = "sum") -> Any:
         """In place over the group ("sum" or "max") on a contiguous float32/float64 numpy
-        array or tensor (a CUDA one through host copies); returns ``x``. Sums run in rank
-        order (deterministic)."""
+        array or tensor (a CUDA one through host copies over MPI); returns ``x``. Sums run in
+        rank order (deterministic)."""
         _lib().all_reduce(self._c, x.detach() if hasattr(x, "detach") else x, op,
                           cuda_stream=_stream(x))
         return x
 
     def __repr__(self) -> str:
-        return f"Communicator(rank {self.rank} of {self.size}, timeout {self.timeout:g} s)"
+        return (f"Communicator({self.backend.upper()}, rank {self.rank} of {self.size}, "
+                f"timeout {self.timeout:g} s)")
+
+
+def _torch_distributed() -> Any:
+    """torch.distributed when torch is imported already and has it, else None: an object of a
+    torch type means torch is imported, so nothing imports torch only to reject a type."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.distributed.is_available():
+        return None
+    return torch.distributed
+
+
+def _nccl_id() -> Any:
+    """Group rank 0's part of an NCCL bootstrap: a new unique id, or the text of why none can
+    be made, which the other ranks receive in its place (so every rank raises, none waits)."""
+    lib = _lib()
+    try:
+        ok, why = lib.nccl_available()
+        return lib.nccl_unique_id() if ok else f"NCCL cannot be loaded: {why}"
+    except ValueError as e:  # built without NCCL, or NCCL failed
+        return str(e)
+
+
+def _received_id(payload: Any) -> bytes:
+    if isinstance(payload, str):
+        raise ValueError(f"NCCL communicator: group rank 0 could not make the unique id: "
+                         f"{payload}")
+    return payload
+
+
+def _current_cuda_device() -> int:
+    try:
+        import torch
+    except ImportError as e:
+        raise ValueError("NCCL communicator: the device defaults to torch.cuda.current_device()"
+                         f", but torch is not importable ({e}): pass device=") from e
+    if not torch.cuda.is_available():
+        raise ValueError("NCCL communicator: needs a CUDA device, but torch sees none")
+    return torch.cuda.current_device()
 
 
 def world_communicator() -> Communicator:
     """The communicator that ``cp_group_or_mesh=None`` means (MPI_COMM_WORLD, made once)."""
     global _world
     if _world is None:
+        if not _lib().has_mpi():
+            raise ValueError("cp_group_or_mesh=None means MPI_COMM_WORLD, but magiattn._dist "
+                             "was built without MPI: pass a torch.distributed ProcessGroup "
+                             "(e.g. torch.distributed.group.WORLD) or a magiattn Communicator")
         _world = Communicator()
     return _world
 
 
 def _group(cp_group_or_mesh: Any) -> Communicator:
-    if cp_group_or_mesh is None:
+    g = cp_group_or_mesh
+    if g is None:
         return world_communicator()
-    if isinstance(cp_group_or_mesh, Communicator):
-        return cp_group_or_mesh
-    if hasattr(cp_group_or_mesh, "py2f"):
-        return Communicator(cp_group_or_mesh)
-    raise TypeError("cp_group_or_mesh: expected None (MPI_COMM_WORLD), an mpi4py MPI.Comm or a "
-                    f"magiattn Communicator, got {type(cp_group_or_mesh).__name__} (CPU ranks "
-                    "communicate over MPI; torch.distributed groups are not supported)")
+    if isinstance(g, Communicator):
+        return g
+    if hasattr(g, "py2f"):
+        return Communicator(g)
+    tdist = _torch_distributed()
+    if tdist is not None:
+        if isinstance(g, tdist.ProcessGroup):
+            return Communicator.from_torch_group(g)
+        from torch.distributed.device_mesh import DeviceMesh
+        if isinstance(g, DeviceMesh):
+            if g.ndim != 1:
+                raise ValueError(f"cp_group_or_mesh: a {g.ndim}-D DeviceMesh; pass the cp "
+                                 "dimension's 1-D mesh (mesh['cp']) or its group "
+                                 "(mesh.get_group('cp'))")
+            return Communicator.from_torch_group(g.get_group())
+    raise TypeError("cp_group_or_mesh: expected None (MPI_COMM_WORLD), a magiattn "
+                    "Communicator, an mpi4py MPI.Comm, a torch.distributed ProcessGroup or a "
+                    f"1-D torch DeviceMesh, got {type(g).__name__}")
 
 
 # ---- keys -------------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """What this magiattn has and sees: ``magiattn.info()``, printed by ``python -m magiattn``.
 
 The lines a bug report needs: the version, the CPU backend's instruction set and this CPU's,
-whether the GPU backend is built and which sm90 kernel variants, the GPUs visible, the MPI
-module (distributed attention on CPU ranks), NCCL, and torch with the C++ front built for it.
+whether the GPU backend is built and which sm90 kernel variants, the GPUs visible, the
+distributed module's backends (MPI; NCCL with the libnccl it loads), and torch with the C++
+front built for it.
 """
 from __future__ import annotations
 
@@ -19,13 +20,7 @@ def info() -> dict[str, Any]:
     d = dict(_C.build_info())
     d["python"] = platform.python_version()
     d["platform"] = platform.platform()
-    try:
-        from . import _dist  # noqa: F401  (MPI: distributed attention on CPU ranks)
-        d["mpi"] = True
-        d["mpi_error"] = ""
-    except ImportError as e:
-        d["mpi"], d["mpi_error"] = False, str(e)
-    d["nccl"] = False  # no NCCL communicator yet (the CUDA distributed runtime)
+    d.update(_distributed())
     d["torch"] = None
     d["torch_cpp_front"] = None
     if importlib.util.find_spec("torch") is not None:
@@ -37,6 +32,25 @@ def info() -> dict[str, Any]:
             d["torch_cpp_front"] = _torch.built_with_torch
         except ImportError:
             pass
+    return d
+
+
+def _distributed() -> dict[str, Any]:
+    """mpi / nccl: whether magiattn._dist can make such a communicator here (NCCL: built, and
+    libnccl loads); the *_error keys say why not, nccl_version which libnccl."""
+    try:
+        from . import _dist
+    except ImportError as e:
+        return {"mpi": False, "mpi_error": str(e), "nccl": False, "nccl_version": "",
+                "nccl_error": str(e)}
+    d = {"mpi": _dist.has_mpi(), "nccl_version": ""}
+    d["mpi_error"] = "" if d["mpi"] else "magiattn._dist was built without MPI"
+    d["nccl"], d["nccl_error"] = _dist.nccl_available()
+    if d["nccl"]:
+        try:
+            d["nccl_version"] = _dist.nccl_version()
+        except ValueError as e:  # loadable but no version: report it, do not fail the report
+            d["nccl"], d["nccl_error"] = False, str(e)
     return d
 
 
@@ -60,9 +74,9 @@ def _lines(d: dict[str, Any]) -> list[str]:
                            "not built (no nvcc or CUTLASS headers at build time, or "
                            "MAGI_CUDA_KERNELS=none)"),
         f"GPUs visible: {gpu_text}",
-        "MPI (distributed attention on CPU ranks): "
-        + ("yes" if d["mpi"] else f"no ({d['mpi_error']})"),
-        "NCCL (distributed attention on GPUs): " + ("yes" if d["nccl"] else "not built yet"),
+        "distributed: MPI " + ("yes" if d["mpi"] else f"no ({d['mpi_error']})")
+        + ", NCCL " + (f"yes ({d['nccl_version']})" if d["nccl"] else
+                       f"no ({d['nccl_error']})"),
         f"torch: {torch_text}",
     ]
 

@@ -26,10 +26,10 @@ namespace {
 using plan::DistPlan;
 
 // Runs a collective with the GIL released; a failure that left the communicator broken
-// (timeout, dead peer, MPI error) becomes CommFailure, anything else stays magi::Error.
+// (timeout, dead peer, MPI or NCCL error) becomes CommFailure, anything else stays magi::Error.
 template <typename F>
 void collective(Comm& c, const char* op, F&& f) {
-  comm::mpi::MpiCommunicator& mc = c.get(op);
+  comm::Communicator& mc = c.get(op);
   try {
     nb::gil_scoped_release release;
     f(mc);

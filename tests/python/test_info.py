@@ -26,7 +26,9 @@ def test_info_names_the_backends_and_kernels():
         assert d["sm90_forward"] == "" and d["gpus"] == []
     for g in d["gpus"]:
         assert set(g) == {"index", "name", "compute_capability", "sms"}
-    assert isinstance(d["mpi"], bool) and d["nccl"] is False
+    assert isinstance(d["mpi"], bool) and isinstance(d["nccl"], bool)
+    assert bool(d["nccl_version"]) == d["nccl"], d  # a version exactly when NCCL is usable
+    assert bool(d["nccl_error"]) != d["nccl"] and bool(d["mpi_error"]) != d["mpi"], d
 
 
 def _run(*args):
@@ -38,7 +40,12 @@ def _run(*args):
 def test_python_m_magiattn_prints_the_report():
     text = _run()
     for head in (f"magiattn {_project_version()}", "CPU backend: compiled with -march=",
-                 "GPU backend:", "GPUs visible:", "MPI", "NCCL", "torch:"):
+                 "GPU backend:", "GPUs visible:", "distributed: MPI ", "torch:"):
         assert head in text, text
+    d = magiattn.info()
+    line = next(x for x in text.splitlines() if x.startswith("distributed: "))
+    assert line.startswith(f"distributed: MPI {'yes' if d['mpi'] else 'no ('}"), line
+    want = f", NCCL yes ({d['nccl_version']})" if d["nccl"] else ", NCCL no ("
+    assert want in line, line
     assert json.loads(_run("--json"))["version"] == _project_version()
     assert "usage: python -m magiattn" in _run("--help")
