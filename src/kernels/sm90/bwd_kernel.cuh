@@ -1,6 +1,8 @@
 // FFA backward on Hopper (sm90a), the main kernel (bwd_params.h has the three launches): one
-// persistent CTA per SM pulls (key tile, kv head) items from a global counter (key tiles heavy
-// first, work_list.h, TileAxis::kKey) and, for every q head of the kv head's group and every
+// persistent CTA per SM pulls (key tile, kv head) items from a global counter, kv head major
+// (item = head * num_tiles + tile; key tiles heavy first within a head, work_list.h,
+// TileAxis::kKey), so that the CTAs running together share one or two kv heads' Q, dO and dQ
+// rows in L2 instead of every head's, and, for every q head of the kv head's group and every
 // query block (64 rows, on the grid of 64) of each of the tile's pieces, recomputes P and
 // accumulates
 //   dV += P^T dO,  dK += dS^T Q,  dQ += dS K  (dS = P * (dP - Delta), dP = dO V^T),
@@ -317,7 +319,7 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
         const std::int64_t item = s.item[slot.stage];
         Barrier::arrive(&s.item_empty[slot.stage]);
         if (item >= num_items) break;
-        const Tile tile = p.tiles[item / p.heads_kv];
+        const Tile tile = p.tiles[item % p.num_tiles];
         if (tile.piece_begin == tile.piece_end) continue;
         TxBarrier::wait(&s.kv_full, kv_seen & 1);
         ++kv_seen;
@@ -416,8 +418,8 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
         Barrier::arrive(&s.item_full[slot.stage]);
       }
       if (item >= num_items) break;
-      const Tile tile = p.tiles[item / p.heads_kv];
-      const int g = int(item % p.heads_kv);
+      const Tile tile = p.tiles[item % p.num_tiles];
+      const int g = int(item / p.num_tiles);
       if (tile.piece_begin == tile.piece_end) continue;  // the consumers write zeros
       if (lane == 0) {
         Barrier::wait(&s.kv_empty, (kv_uses & 1) ^ 1);
@@ -556,8 +558,8 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
       Barrier::arrive(&s.dq_full[d.stage]);
       break;
     }
-    const Tile tile = p.tiles[item / p.heads_kv];
-    const int g = int(item % p.heads_kv);
+    const Tile tile = p.tiles[item % p.num_tiles];
+    const int g = int(item / p.num_tiles);
     const int kw = tile.start + (C::kSplitD ? 0 : kBW * wg);  // this warpgroup's first key
     clear(tdKrdK);
     clear(tdVrdV);
