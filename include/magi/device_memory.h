@@ -33,6 +33,25 @@ class Buffer {
   std::uintptr_t stream_ = 0;
 };
 
+// A CUDA event with timing on `device`, for the runtime's stage timeline (runtime.h CalcStats).
+class Event {
+ public:
+  explicit Event(int device);
+  ~Event();
+  Event(Event&& o) noexcept : event_(o.event_), device_(o.device_) { o.event_ = nullptr; }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  Event& operator=(Event&&) = delete;
+  // Queued on `stream`: marks the point after the work queued there before it.
+  void record(std::uintptr_t stream);
+  // Seconds on the device from `a` to `b` (both recorded); waits until `b` has happened.
+  static double seconds_between(const Event& a, const Event& b);
+
+ private:
+  void* event_ = nullptr;  // cudaEvent_t
+  int device_ = -1;
+};
+
 // Queued on `stream`: `bytes` of zeros at `dst` (device memory of `device`).
 void zero(void* dst, std::size_t bytes, int device, std::uintptr_t stream);
 // Device -> host: waits for the work queued on `stream` before it (the producers of `src`),

@@ -35,12 +35,17 @@ void undispatch(const plan::DistPlan& plan, comm::Communicator& comm, const Tens
 void all_reduce(comm::Communicator& comm, const TensorView& x, comm::ReduceOp op,
                 std::uintptr_t stream = 0);
 
-// Where one rank's calc_attn time went (optional output; docs/semantics.md §4's "hidden comm"),
-// host clocks. On CUDA tensors the kernels run asynchronously: compute_s counts their launches
-// and wait_s also the GPU work a staged copy waits for (CUDA-event timing is not built yet).
+// Where one rank's calc_attn time went (optional output; docs/semantics.md §4's "hidden comm").
+// Host tensors: host clocks. CUDA tensors: CUDA events on the compute stream (the kernels and
+// the communication run asynchronously; the call then synchronises once, at its end, to read
+// them): compute_s is the stream's time inside the attention kernels, wait_s its time between
+// them and after the last (communication that compute did not hide). Per kernel call, in order
+// (the host stage first, then each remote stage with slices): its compute time and the wait
+// just before it. With comm_only_seconds: hidden fraction = 1 - wait_s / comm_only_seconds.
 struct CalcStats {
-  double compute_s = 0;  // inside the attention kernels
-  double wait_s = 0;     // blocked in wait(): communication compute did not hide
+  double compute_s = 0;
+  double wait_s = 0;
+  std::vector<double> stage_compute_s, stage_wait_s;
 };
 
 // One rank's masks of a plan (the host stage's slices and each remote stage's), validated and

@@ -80,6 +80,28 @@ void to_device(void* dst, const void* src, std::size_t bytes, int device, std::u
   copy_now(dst, src, bytes, device, stream, cudaMemcpyHostToDevice, "host to device copy");
 }
 
+Event::Event(int device) : device_(device) {
+  on(device);
+  cudaEvent_t e = nullptr;
+  ok(cudaEventCreate(&e), "cudaEventCreate");
+  event_ = e;
+}
+Event::~Event() {
+  if (event_ != nullptr) cudaEventDestroy(static_cast<cudaEvent_t>(event_));
+}
+void Event::record(std::uintptr_t stream) {
+  on(device_);
+  ok(cudaEventRecord(static_cast<cudaEvent_t>(event_), as_stream(stream)), "cudaEventRecord");
+}
+double Event::seconds_between(const Event& a, const Event& b) {
+  ok(cudaEventSynchronize(static_cast<cudaEvent_t>(b.event_)), "cudaEventSynchronize");
+  float ms = 0;
+  ok(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(a.event_),
+                          static_cast<cudaEvent_t>(b.event_)),
+     "cudaEventElapsedTime");
+  return double(ms) * 1e-3;
+}
+
 #else
 
 namespace {
@@ -108,6 +130,10 @@ void to_host(void*, const void*, std::size_t bytes, int, std::uintptr_t) {
 void to_device(void*, const void*, std::size_t bytes, int, std::uintptr_t) {
   if (bytes != 0) no_cuda("host to device copy");
 }
+Event::Event(int device) : device_(device) { no_cuda("event"); }
+Event::~Event() = default;
+void Event::record(std::uintptr_t) { no_cuda("event"); }
+double Event::seconds_between(const Event&, const Event&) { no_cuda("event"); }
 
 #endif
 

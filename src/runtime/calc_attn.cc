@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "magi/device_memory.h"
 #include "magi/runtime.h"
 #include "views.h"
 
@@ -108,14 +109,80 @@ void fill(const TensorView& t, double x, std::uintptr_t stream) {
   h.commit();
 }
 
-// Adds the seconds `fn` takes to *into (when stats are requested).
+// Adds the seconds `fn` takes to *into (comm_only_seconds: host clocks around blocking work).
 template <class Fn>
 void timed(double* into, Fn&& fn) {
-  if (into == nullptr) return fn();
   const auto t0 = std::chrono::steady_clock::now();
   fn();
   *into += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
+
+// Where one calc_attn call's time went (CalcStats), when asked. Host tensors: clocks around the
+// kernel calls and the waits. Device tensors: the kernels run asynchronously and a wait() only
+// queues the compute stream's dependency on the communication, so CUDA events on the compute
+// stream around each kernel call, read once at the end: a call's compute time is the stream's
+// time inside its kernels, its wait the stream's time since the previous call's kernels ended
+// (the communication they did not hide; after the last kernels, the remaining reductions).
+class Timeline {
+ public:
+  Timeline(CalcStats* stats, const TensorView& q, std::uintptr_t stream)
+      : stats_(stats), device_(q.device == Device::kCUDA ? q.device_idx : -1), stream_(stream) {
+    if (stats_ == nullptr) return;
+    *stats_ = CalcStats{};
+    if (device_ >= 0) events_.emplace_back(device_), events_.back().record(stream_);
+  }
+
+  template <class Fn>
+  void compute(Fn&& fn) {
+    if (stats_ == nullptr) return fn();
+    if (device_ >= 0) {
+      events_.emplace_back(device_), events_.back().record(stream_);
+      fn();
+      events_.emplace_back(device_), events_.back().record(stream_);
+      return;
+    }
+    double t = 0;
+    timed(&t, fn);
+    stats_->stage_compute_s.push_back(t);
+    stats_->stage_wait_s.push_back(pending_wait_);
+    stats_->compute_s += t;
+    pending_wait_ = 0;
+  }
+
+  template <class Fn>
+  void wait(Fn&& fn) {
+    if (stats_ == nullptr || device_ >= 0) return fn();
+    timed(&pending_wait_, fn);  // counted into wait_s at finish, with the trailing waits
+  }
+
+  // After the call's last wait: the device timeline read back (one synchronisation, only
+  // when stats were asked for).
+  void finish() {
+    if (stats_ == nullptr) return;
+    if (device_ < 0) {
+      stats_->wait_s = pending_wait_;
+      for (double w : stats_->stage_wait_s) stats_->wait_s += w;
+      return;
+    }
+    events_.emplace_back(device_), events_.back().record(stream_);
+    const std::size_t n = events_.size();
+    for (std::size_t i = 1; i + 1 < n; i += 2) {
+      stats_->stage_wait_s.push_back(device::Event::seconds_between(events_[i - 1], events_[i]));
+      stats_->stage_compute_s.push_back(
+          device::Event::seconds_between(events_[i], events_[i + 1]));
+      stats_->compute_s += stats_->stage_compute_s.back();
+      stats_->wait_s += stats_->stage_wait_s.back();
+    }
+    stats_->wait_s += device::Event::seconds_between(events_[n - 2], events_[n - 1]);
+  }
+
+ private:
+  CalcStats* stats_;
+  int device_;
+  std::uintptr_t stream_;
+  std::vector<device::Event> events_;  // start, then before / after of each kernel call, end
+  double pending_wait_ = 0;            // host: waits since the last kernel call
+};
 
 // The caller's PreparedRank, checked against the plan, or one built for this call.
 const PreparedRank& prepared_for(const plan::DistPlan& plan, const comm::Communicator& comm,
@@ -159,8 +226,6 @@ void calc_attn_forward(const plan::DistPlan& plan, comm::Communicator& comm_in, 
   comm::Communicator& comm = detail::for_rows(
       comm_in, detail::any_on_device({&a.q, &a.k, &a.v, &a.out, &a.lse}), staged);
   const std::uintptr_t stream = opts.cuda_stream;
-  double* compute_s = stats ? &stats->compute_s : nullptr;
-  double* wait_s = stats ? &stats->wait_s : nullptr;
   const plan::RankPlan& rp = rank_plan(plan, comm);
   check_local(plan, comm, a.q, a.k, a.v, opts);
   const DType compute = compute_type(a.q);
@@ -173,10 +238,11 @@ void calc_attn_forward(const plan::DistPlan& plan, comm::Communicator& comm_in, 
   std::optional<PreparedRank> own;
   const PreparedRank& pr = prepared_for(plan, comm, given, own);
 
+  Timeline tl(stats, a.q, stream);
   Fetch next;
   if (!rp.stages.empty()) next = post_fetch(comm, rp.stages[0], a.k, a.v, stream);
   if (nl > 0) {
-    timed(compute_s, [&] { attn_forward(pr.host(), a, opts); });
+    tl.compute([&] { attn_forward(pr.host(), a, opts); });
   } else if (a.max_logits) {
     fill(*a.max_logits, -std::numeric_limits<double>::infinity(), stream);
   }
@@ -184,7 +250,7 @@ void calc_attn_forward(const plan::DistPlan& plan, comm::Communicator& comm_in, 
   acc.accumulate = true;
   for (std::size_t s = 0; s < rp.stages.size(); ++s) {
     Fetch cur = std::move(next);
-    timed(wait_s, [&] { cur.wait(); });
+    tl.wait([&] { cur.wait(); });
     if (s + 1 < rp.stages.size()) next = post_fetch(comm, rp.stages[s + 1], a.k, a.v, stream);
     const plan::Stage& st = rp.stages[s];
     if (st.slices.empty()) continue;
@@ -192,13 +258,14 @@ void calc_attn_forward(const plan::DistPlan& plan, comm::Communicator& comm_in, 
     sa.k = cur.k;
     sa.v = cur.v;
     sa.sink.reset();  // the sink joins each row's normaliser once, at the host stage
-    timed(compute_s, [&] { attn_forward(pr.stage(s), sa, acc); });
+    tl.compute([&] { attn_forward(pr.stage(s), sa, acc); });
   }
   if (a.max_logits) {
     comm::WorkPtr w = comm.all_reduce(detail::rows_of(*a.max_logits, "max_logits", stream),
                                       comm::ReduceOp::kMax);
-    timed(wait_s, [&] { w->wait(); });
+    tl.wait([&] { w->wait(); });
   }
+  tl.finish();
 }
 
 void calc_attn_backward(const plan::DistPlan& plan, comm::Communicator& comm_in, const BwdArgs& a,
@@ -207,8 +274,6 @@ void calc_attn_backward(const plan::DistPlan& plan, comm::Communicator& comm_in,
   comm::Communicator& comm = detail::for_rows(
       comm_in, detail::any_on_device({&a.q, &a.k, &a.v, &a.dq, &a.dk, &a.dv}), staged);
   const std::uintptr_t stream = opts.cuda_stream;
-  double* compute_s = stats ? &stats->compute_s : nullptr;
-  double* wait_s = stats ? &stats->wait_s : nullptr;
   const plan::RankPlan& rp = rank_plan(plan, comm);
   check_local(plan, comm, a.q, a.k, a.v, opts);
   const DType compute = compute_type(a.q);
@@ -224,10 +289,11 @@ void calc_attn_backward(const plan::DistPlan& plan, comm::Communicator& comm_in,
   std::optional<PreparedRank> own;
   const PreparedRank& pr = prepared_for(plan, comm, given, own);
 
+  Timeline tl(stats, a.q, stream);
   Fetch next;
   if (!rp.stages.empty()) next = post_fetch(comm, rp.stages[0], a.k, a.v, stream);
   if (nl > 0) {
-    timed(compute_s, [&] { attn_backward(pr.host(), a, opts); });
+    tl.compute([&] { attn_backward(pr.host(), a, opts); });
   } else if (a.dsink) {
     fill(*a.dsink, 0.0, stream);
   }
@@ -238,7 +304,7 @@ void calc_attn_backward(const plan::DistPlan& plan, comm::Communicator& comm_in,
   comm::WorkPtr prev_dk_work, prev_dv_work;
   for (std::size_t s = 0; s < rp.stages.size(); ++s) {
     Fetch cur = std::move(next);
-    timed(wait_s, [&] { cur.wait(); });
+    tl.wait([&] { cur.wait(); });
     if (s + 1 < rp.stages.size()) next = post_fetch(comm, rp.stages[s + 1], a.k, a.v, stream);
     const plan::Stage& st = rp.stages[s];
     const std::int64_t nr = cur.k.shape[0];
@@ -254,14 +320,14 @@ void calc_attn_backward(const plan::DistPlan& plan, comm::Communicator& comm_in,
       sa.dv = pdv;
       sa.sink.reset();  // dsink is a host-stage term only (as the sink is in the forward)
       sa.dsink.reset();
-      timed(compute_s, [&] { attn_backward(pr.stage(s), sa, acc); });
+      tl.compute([&] { attn_backward(pr.stage(s), sa, acc); });
     }
     const plan::GroupReduceArgs ra = plan::reduce_args(st.cast);
     comm::WorkPtr dk_work = comm.group_reduce(detail::rows_of(pdk, "dk partial", stream), dk_rows,
                                               ra, comm::ReduceOp::kSum);
     comm::WorkPtr dv_work = comm.group_reduce(detail::rows_of(pdv, "dv partial", stream), dv_rows,
                                               ra, comm::ReduceOp::kSum);
-    timed(wait_s, [&] {
+    tl.wait([&] {
       if (prev_dk_work) prev_dk_work->wait();
       if (prev_dv_work) prev_dv_work->wait();
     });
@@ -270,10 +336,11 @@ void calc_attn_backward(const plan::DistPlan& plan, comm::Communicator& comm_in,
     prev_dk_work = std::move(dk_work);
     prev_dv_work = std::move(dv_work);
   }
-  timed(wait_s, [&] {
+  tl.wait([&] {
     if (prev_dk_work) prev_dk_work->wait();
     if (prev_dv_work) prev_dv_work->wait();
   });
+  tl.finish();
 }
 
 double comm_only_seconds(const plan::DistPlan& plan, comm::Communicator& comm_in,

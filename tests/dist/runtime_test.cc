@@ -464,6 +464,18 @@ TEST(Runtime, StatsAccountForComputeAndWaits) {
   runtime::calc_attn_forward(dp, comm, a, opts, &stats);
   EXPECT_GT(stats.compute_s, 0.0);
   EXPECT_GE(stats.wait_s, 0.0);
+  // One entry per kernel call: the host stage, then each remote stage with slices (a full
+  // mask: every rank's one stage has some at cp > 1); they sum to the totals.
+  const std::size_t calls = comm.size() > 1 ? 2 : 1;
+  ASSERT_EQ(stats.stage_compute_s.size(), calls);
+  ASSERT_EQ(stats.stage_wait_s.size(), calls);
+  double c = 0, w = 0;
+  for (std::size_t i = 0; i < calls; ++i) c += stats.stage_compute_s[i], w += stats.stage_wait_s[i];
+  EXPECT_DOUBLE_EQ(c, stats.compute_s);
+  EXPECT_LE(w, stats.wait_s + 1e-12);
+  // A second call starts from zero (the stats describe one call).
+  runtime::calc_attn_forward(dp, comm, a, opts, &stats);
+  EXPECT_EQ(stats.stage_compute_s.size(), calls);
   const double fwd = runtime::comm_only_seconds(dp, comm, a.k, a.v, false);
   const double bwd = runtime::comm_only_seconds(dp, comm, a.k, a.v, true);
   EXPECT_GE(fwd, 0.0);
