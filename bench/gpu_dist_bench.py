@@ -169,7 +169,8 @@ def main(argv=None) -> int:
         f"{info['version']}, NCCL {info['nccl_version'] or 'none: ' + info['nccl_error']}; "
         f"bf16, Hq {hq}, Hkv {hkv}, D {d}; TFLOP/s per GPU, forward / forward + backward, "
         f"median of {args.reps}" + (f"; ring CP: {ring_why}" if ring_why else "") + "\n")
-    say("| mask | tokens per GPU | total | magiattn | ring CP (SDPA cuDNN) | share (1 GPU, no comm) |")
+    say("| mask | tokens per GPU | total | magiattn | ring CP (SDPA cuDNN) | "
+        "share (1 GPU, no comm) |")
     say("|---|---|---|---|---|---|")
     notes = []
     for per_gpu in args.seqlen_per_gpu:

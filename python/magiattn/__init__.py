@@ -3,8 +3,8 @@
 numpy is the only requirement; torch tensors switch on the autograd / ``torch.compile``
 custom ops (``magiattn.torch_ops``, imported on first use) and ``magiattn.viz`` needs
 matplotlib. The distributed API (``magiattn.dist``: ``magi_attn_flex_key``, ``dispatch``,
-``calc_attn``, ...) needs the MPI module ``magiattn._dist``, loaded on first use. Errors from
-the C++ core arrive as ``ValueError`` naming the culprit.
+``calc_attn``, ...) needs ``magiattn._dist`` (MPI, NCCL or both), loaded on first use. Errors
+from the C++ core arrive as ``ValueError`` naming the culprit.
 """
 
 # First: on a CPU the build does not fit, a clear ImportError instead of an illegal instruction.

@@ -93,7 +93,15 @@ class Communicator:
         if comm is not None and not hasattr(comm, "py2f"):
             raise TypeError(f"comm: expected None (MPI_COMM_WORLD) or an mpi4py MPI.Comm, got "
                             f"{type(comm).__name__}")
-        self._adopt(_lib().Communicator(None if comm is None else int(comm.py2f())), timeout)
+        lib = _lib()
+        if not lib.has_mpi():
+            what = "MPI_COMM_WORLD (what cp_group_or_mesh=None means)" if comm is None else \
+                "an mpi4py comm"
+            raise ValueError(f"an MPI communicator over {what} needs magiattn._dist built with "
+                             "MPI, and this one has NCCL only: pass a torch.distributed "
+                             "ProcessGroup (e.g. torch.distributed.group.WORLD) or "
+                             "Communicator.nccl_from_mpi(comm)")
+        self._adopt(lib.Communicator(None if comm is None else int(comm.py2f())), timeout)
 
     def _adopt(self, native: Any, timeout: Optional[float]) -> None:
         self._c = native
@@ -231,10 +239,6 @@ def world_communicator() -> Communicator:
     """The communicator that ``cp_group_or_mesh=None`` means (MPI_COMM_WORLD, made once)."""
     global _world
     if _world is None:
-        if not _lib().has_mpi():
-            raise ValueError("cp_group_or_mesh=None means MPI_COMM_WORLD, but magiattn._dist "
-                             "was built without MPI: pass a torch.distributed ProcessGroup "
-                             "(e.g. torch.distributed.group.WORLD) or a magiattn Communicator")
         _world = Communicator()
     return _world
 
