@@ -75,10 +75,18 @@ void run_case(const Mask& mask, std::int64_t hq, std::int64_t hkv, int stages,
   DevTensor ql = local_dev(whole.q, hq), kl = local_dev(whole.k, hkv), vl = local_dev(whole.v, hkv),
             dol = local_dev(dout, hq);
   DevTensor ol(DType::kF32, {nl, hq, d}), ll(DType::kF32, {nl, hq}), mll(DType::kF32, {hq});
+  runtime::CalcStats stats;  // CUDA events on the compute stream (runtime.h)
   runtime::calc_attn_forward(dp, world,
                              FwdArgs{ql.view, kl.view, vl.view, ol.view, ll.view, std::nullopt,
                                      mll.view},
-                             c.opts);
+                             c.opts, &stats);
+  EXPECT_EQ(stats.stage_compute_s.size(), stats.stage_wait_s.size());
+  EXPECT_GE(stats.stage_compute_s.size(), nl > 0 ? 1u : 0u) << "one entry per kernel call";
+  double compute = 0;
+  for (double x : stats.stage_compute_s) EXPECT_GE(x, 0.0), compute += x;
+  EXPECT_NEAR(compute, stats.compute_s, 1e-9);
+  if (nl > 0) EXPECT_GT(stats.compute_s, 0.0) << "the host stage's kernels took no GPU time";
+  EXPECT_GE(stats.wait_s, 0.0);
   DevTensor dql(DType::kF32, {nl, hq, d}), dkl(DType::kF32, {nl, hkv, d}),
       dvl(DType::kF32, {nl, hkv, d});
   runtime::calc_attn_backward(dp, world,
