@@ -5,6 +5,7 @@
 # gives masks, attention (CPU and, where built, the sm90 kernels) and planning; and
 #   magiattn::runtime   the distributed runtime over any magi::comm::Communicator (runtime.h)
 #   magiattn::mpi       the MPI communicator ("mpi_communicator.h"), where MPI was found
+#   magiattn::nccl      the NCCL communicator (magi/nccl.h), in CUDA builds with NCCL's header
 # (examples/cpp). The component is left out of a plain install (the Python wheel's).
 include(GNUInstallDirs)
 include(CMakePackageConfigHelpers)
@@ -21,6 +22,12 @@ if(TARGET magi_comm_mpi)
   set(MAGI_PACKAGE_MPI ON)
   install(FILES ${PROJECT_SOURCE_DIR}/src/comm/mpi/mpi_communicator.h
           DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/magi/mpi COMPONENT magiattn_cxx EXCLUDE_FROM_ALL)
+endif()
+set(MAGI_PACKAGE_NCCL OFF)
+if(TARGET magi_comm_nccl)
+  list(APPEND magi_package_targets magi_comm_nccl)
+  set_target_properties(magi_comm_nccl PROPERTIES EXPORT_NAME nccl)
+  set(MAGI_PACKAGE_NCCL ON)
 endif()
 add_library(magi_package INTERFACE)
 set_target_properties(magi_package PROPERTIES EXPORT_NAME magiattn)
