@@ -83,7 +83,10 @@ void run_case(const Mask& mask, std::int64_t hq, std::int64_t hkv, int stages,
   EXPECT_EQ(stats.stage_compute_s.size(), stats.stage_wait_s.size());
   EXPECT_GE(stats.stage_compute_s.size(), nl > 0 ? 1u : 0u) << "one entry per kernel call";
   double compute = 0;
-  for (double x : stats.stage_compute_s) EXPECT_GE(x, 0.0), compute += x;
+  for (double x : stats.stage_compute_s) {
+    EXPECT_GE(x, 0.0);
+    compute += x;
+  }
   EXPECT_NEAR(compute, stats.compute_s, 1e-9);
   if (nl > 0) EXPECT_GT(stats.compute_s, 0.0) << "the host stage's kernels took no GPU time";
   EXPECT_GE(stats.wait_s, 0.0);
