@@ -34,7 +34,10 @@ UniqueId make_unique_id();
 
 // Collective over the `size` ranks that pass the same id: a non-blocking NCCL communicator on
 // CUDA device `device` (which becomes this thread's current device). Throws magi::Error when
-// NCCL is missing, the arguments are bad, or the peers do not all arrive within `timeout_ms`.
+// NCCL is missing, the arguments are bad, or the peers do not all arrive within `timeout_ms`,
+// which also becomes the communicator's timeout() for every later operation (set_timeout
+// changes it). Its Rows must be on `device` or in host memory (staged through the device; the
+// wait() of an operation with host outputs blocks until they are written).
 std::unique_ptr<Communicator> make_communicator(const UniqueId& id, int rank, int size,
                                                 int device, long long timeout_ms = 300000);
 

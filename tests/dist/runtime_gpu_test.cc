@@ -6,31 +6,72 @@
 // problem: err(distributed) <= 2 err(single GPU) + u / 16 (the stages merge in fp32 where the
 // single call merges inside its tiles; both round P to bf16). Checks use EXPECT only, so a
 // failing rank still joins every later collective.
+//
+// MAGI_TEST_COMM=nccl runs the same cases over the NCCL communicator instead (one GPU per rank,
+// bootstrapped over MPI: nccl_env.h), device rows straight through without staging.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "attn_case.h"
 #include "dist_env.h"
+#include "magi/error.h"
 #include "magi/mask_builders.h"
 #include "magi/runtime.h"
 #include "sm90_support.h"
+#if MAGI_TEST_NCCL
+#include "nccl_env.h"
+#endif
 
 namespace magi {
 namespace {
 
 using namespace gputest;
 
+bool use_nccl() {
+  const char* c = std::getenv("MAGI_TEST_COMM");
+  return c && std::string(c) == "nccl";
+}
+
+// The communicator under test: MPI (the default) or, with MAGI_TEST_COMM=nccl, NCCL; nullptr
+// with *skip saying why where NCCL cannot run here.
+comm::Communicator* comm_under_test(std::string* skip) {
+  if (!use_nccl()) return &testing::world();
+#if MAGI_TEST_NCCL
+  return testing::nccl_world(skip);
+#else
+  *skip = "built without the NCCL communicator";
+  ADD_FAILURE() << "MAGI_TEST_COMM=nccl, but runtime_gpu_test was " << *skip;
+  return nullptr;
+#endif
+}
+
+comm::Communicator& comm_world() {
+  std::string skip;
+  comm::Communicator* c = comm_under_test(&skip);
+  MAGI_CHECK(c != nullptr, "no communicator: ", skip);
+  return *c;
+}
+
+// REQUIRE_GPU, and under NCCL one GPU per rank.
+#define REQUIRE_COMM()                                                            \
+  do {                                                                            \
+    REQUIRE_GPU();                                                                \
+    std::string skip_why;                                                         \
+    if (!comm_under_test(&skip_why)) GTEST_SKIP() << MAGI_GPU_TEST_BINARY ": " << skip_why; \
+  } while (0)
+
 // Global rows [n, h, d] -> this rank's local rows, on the host (the reference's side).
 std::vector<double> local_of(const plan::DistPlan& dp, std::vector<double> global, std::int64_t n,
                              std::int64_t h, std::int64_t d) {
-  const std::int64_t nl = dp.dispatch.rank_tokens(testing::world().rank());
+  const std::int64_t nl = dp.dispatch.rank_tokens(comm_world().rank());
   std::vector<double> l(std::size_t(nl * h * d));
-  runtime::dispatch(dp, testing::world(), make_view(global.data(), DType::kF64, {n, h, d}),
+  runtime::dispatch(dp, comm_world(), make_view(global.data(), DType::kF64, {n, h, d}),
                     make_view(l.data(), DType::kF64, {nl, h, d}));
   return l;
 }
@@ -41,7 +82,7 @@ double err(const std::vector<double>& got, const std::vector<double>& want, doub
 
 void run_case(const Mask& mask, std::int64_t hq, std::int64_t hkv, int stages,
               const std::string& what) {
-  comm::Communicator& world = testing::world();
+  comm::Communicator& world = comm_world();
   SCOPED_TRACE(what + " on rank " + std::to_string(world.rank()));
   Case c;
   c.hq = hq, c.hkv = hkv;
@@ -120,10 +161,10 @@ void run_case(const Mask& mask, std::int64_t hq, std::int64_t hkv, int stages,
 }
 
 TEST(RuntimeGpu, CalcAttnOnDeviceTensorsMatchesTheSingleGpuKernel) {
-  REQUIRE_GPU();
+  REQUIRE_COMM();
   if (!built(DType::kBF16, 128)) return;
   std::mt19937_64 rng(5);
-  const std::int64_t n = 320 * testing::world().size();
+  const std::int64_t n = 320 * comm_world().size();
   run_case(masks::causal(n, n), 4, 2, 2, "causal");
   run_case(masks::varlen_causal(prefix_sums({n / 4, 7, n / 2, 33, n - n / 4 - n / 2 - 40})), 4, 4, 3,
            "varlen causal");
@@ -132,8 +173,8 @@ TEST(RuntimeGpu, CalcAttnOnDeviceTensorsMatchesTheSingleGpuKernel) {
 }
 
 TEST(RuntimeGpu, DeviceDispatchAndUndispatchMatchTheHostOnes) {
-  REQUIRE_GPU();
-  comm::Communicator& world = testing::world();
+  REQUIRE_COMM();
+  comm::Communicator& world = comm_world();
   const std::int64_t n = 200 * world.size() + 3, h = 2, d = 8;
   plan::PlanOptions po;
   po.dispatch.cp = world.size();
