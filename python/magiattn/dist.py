@@ -23,6 +23,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import json
+import importlib.util
 import sys
 import warnings
 import weakref
@@ -209,12 +210,21 @@ def _torch_distributed() -> Any:
 def _nccl_id() -> Any:
     """Group rank 0's part of an NCCL bootstrap: a new unique id, or the text of why none can
     be made, which the other ranks receive in its place (so every rank raises, none waits)."""
+    _torch_nccl_first()
     lib = _lib()
     try:
         ok, why = lib.nccl_available()
         return lib.nccl_unique_id() if ok else f"NCCL cannot be loaded: {why}"
     except ValueError as e:  # built without NCCL, or NCCL failed
         return str(e)
+
+
+def _torch_nccl_first() -> None:
+    """Imports torch (when installed) before magiattn loads libnccl: one libnccl.so.2 per
+    process, torch's, which ours then shares; the other order leaves torch's NCCL symbols
+    unresolved."""
+    if "torch" not in sys.modules and importlib.util.find_spec("torch") is not None:
+        import torch  # noqa: F401
 
 
 def _received_id(payload: Any) -> bytes:

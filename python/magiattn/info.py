@@ -20,10 +20,11 @@ def info() -> dict[str, Any]:
     d = dict(_C.build_info())
     d["python"] = platform.python_version()
     d["platform"] = platform.platform()
-    d.update(_distributed())
     d["torch"] = None
     d["torch_cpp_front"] = None
     if importlib.util.find_spec("torch") is not None:
+        # torch first: its libnccl.so.2 must be the one loaded; ours, probed below, would
+        # otherwise load another copy of that soname, which torch's NCCL symbols then miss.
         import torch
         d["torch"] = torch.__version__
         d["torch_cuda"] = torch.version.cuda
@@ -32,6 +33,7 @@ def info() -> dict[str, Any]:
             d["torch_cpp_front"] = _torch.built_with_torch
         except ImportError:
             pass
+    d.update(_distributed())
     return d
 
 
