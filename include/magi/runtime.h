@@ -68,16 +68,32 @@ class PreparedRank {
   std::vector<std::unique_ptr<PreparedMask>> stages_;
 };
 
+// Bytes of the workspace (FwdArgs / BwdArgs::workspace, on the tensors' device) with which a
+// calc_attn call on CUDA tensors allocates no device memory of its own: two stages' remote K
+// and V rows (the stage computing and the next in flight), in the backward also their partial
+// dK and dV in the compute type, and the largest kernel workspace of the call. Per rank, with
+// R = the most remote rows of any of its stages, Hkv, D, s = the input element size and c =
+// the compute type's (4 for bf16/fp16/fp32):
+//   forward:  2 * R * 2 * Hkv * D * s             + attn_forward_workspace_bytes(max(N_l, R), Hkv)
+//   backward: 2 * R * 2 * Hkv * D * (s + c)       + attn_backward_workspace_bytes(N_l, Hq, D)
+// (plus 256-byte alignment of each part). dtype: q's. Host tensors need none.
+std::size_t calc_attn_workspace_bytes(const plan::DistPlan& plan, int rank, std::int64_t heads_q,
+                                      std::int64_t heads_kv, std::int64_t head_dim, DType dtype,
+                                      bool backward);
+
 // Forward on local tensors (contiguous; out, lse, max_logits in the compute type). Collective.
 // The sink (if any) enters once, at the host stage; max_logits is reduced (max) over ranks.
-// opts.accumulate must be false.
+// opts.accumulate must be false. local.workspace (CUDA tensors; optional): at least
+// calc_attn_workspace_bytes(..., backward=false) bytes, not used by another call in flight;
+// without it the call allocates its scratch on the stream (cudaMallocAsync).
 void calc_attn_forward(const plan::DistPlan& plan, comm::Communicator& comm, const FwdArgs& local,
                        const AttnOptions& opts = {}, CalcStats* stats = nullptr,
                        const PreparedRank* prepared = nullptr);
 // Backward on local tensors (contiguous; dq, dk, dv in the compute type). Collective.
 // dk/dv of rows fetched by other ranks are summed back to their owners (group_reduce).
 // dsink is this rank's partial (its own query rows): the caller sums it over ranks, like any
-// replicated parameter's gradient.
+// replicated parameter's gradient. local.workspace: as the forward's, of
+// calc_attn_workspace_bytes(..., backward=true) bytes.
 void calc_attn_backward(const plan::DistPlan& plan, comm::Communicator& comm,
                         const BwdArgs& local, const AttnOptions& opts = {},
                         CalcStats* stats = nullptr, const PreparedRank* prepared = nullptr);

@@ -8,6 +8,7 @@
 //   comm   | cast K,V[0] | cast K,V[1] | cast K,V[2] |             |
 //   compute|    host     |   stage 0   |   stage 1   |   stage 2   |
 //   (bwd)  |             |             | reduce dKV0 | reduce dKV1 | reduce dKV2
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <limits>
@@ -54,15 +55,90 @@ std::int64_t num_rows(const std::vector<Range>& ranges) {
   return n;
 }
 
-Fetch post_fetch(comm::Communicator& comm, const plan::Stage& st, const TensorView& k,
-                 const TensorView& v, std::uintptr_t stream) {
+DType compute_type(DType t) { return t == DType::kF64 ? DType::kF64 : DType::kF32; }
+
+// The parts of calc_attn's workspace (runtime.h calc_attn_workspace_bytes), each 256-byte
+// aligned: the kernel's workspace, then two slots (stage s uses slot s % 2) of K and V receive
+// rows, then (backward) two slots of partial dK and dV. Stage s's slot is reused by stage s + 2,
+// whose fetch is posted after stage s's kernels were queued on the stream, and whose partials
+// are zeroed after stage s's reduces were waited for.
+class Layout {
+ public:
+  enum Part { kK, kV, kDk, kDv };
+  Layout(const plan::RankPlan& rp, std::int64_t nl, std::int64_t hq, std::int64_t hkv,
+         std::int64_t d, DType dtype, bool backward) {
+    std::int64_t rows = 0;
+    for (const plan::Stage& st : rp.stages) rows = std::max(rows, num_rows(st.remote_k_ranges));
+    kernel_ = align(backward ? attn_backward_workspace_bytes(nl, hq, d)
+                             : attn_forward_workspace_bytes(std::max(nl, rows), hkv));
+    kv_ = align(std::size_t(rows * hkv * d * dtype_size(dtype)));
+    part_ = backward ? align(std::size_t(rows * hkv * d * dtype_size(compute_type(dtype)))) : 0;
+  }
+  std::size_t kernel_bytes() const { return kernel_; }
+  std::size_t bytes() const { return kernel_ + 4 * kv_ + 4 * part_; }
+  std::size_t offset(Part p, std::size_t stage) const {
+    const std::size_t slot = stage % 2;
+    if (p == kK || p == kV) return kernel_ + (2 * slot + (p == kV)) * kv_;
+    return kernel_ + 4 * kv_ + (2 * slot + (p == kDv)) * part_;
+  }
+
+ private:
+  static std::size_t align(std::size_t b) { return (b + 255) / 256 * 256; }
+  std::size_t kernel_ = 0, kv_ = 0, part_ = 0;
+};
+
+// Where a call's device scratch lives: in the caller's workspace, carved by the Layout, or
+// (host tensors, or no workspace given) allocated per use beside `like`.
+class Arena {
+ public:
+  Arena(const plan::RankPlan& rp, std::int64_t nl, const TensorView& q, const TensorView& k,
+        bool backward, const std::optional<Workspace>& ws)
+      : layout_(rp, nl, q.ndim == 3 ? q.shape[1] : 0, k.ndim == 3 ? k.shape[1] : 0,
+                k.ndim == 3 ? k.shape[2] : 0, q.dtype, backward) {
+    if (!ws || q.device != Device::kCUDA) return;
+    MAGI_CHECK(ws->bytes >= layout_.bytes(), "workspace: ", ws->bytes, " bytes, but ",
+               layout_.bytes(), " are needed (calc_attn_workspace_bytes(..., backward=",
+               backward ? "true" : "false", "))");
+    MAGI_CHECK(ws->data != nullptr && reinterpret_cast<std::uintptr_t>(ws->data) % 256 == 0,
+               "workspace: the data pointer must be non-null and 256-byte aligned");
+    base_ = static_cast<unsigned char*>(ws->data);
+  }
+  // The kernels' workspace: the first part of the caller's, else none (they allocate).
+  std::optional<Workspace> kernel() const {
+    if (base_ == nullptr) return std::nullopt;
+    return Workspace{base_, layout_.kernel_bytes()};
+  }
+  // `bytes` for stage s's `part`, in its slot or else in `own` (optionally zeroed on `stream`).
+  void* rows(Layout::Part part, std::size_t s, std::size_t bytes, const TensorView& like,
+             std::uintptr_t stream, bool zeroed, detail::Scratch& own) const {
+    if (base_ == nullptr) {
+      own = detail::Scratch(bytes, like, stream, zeroed);
+      return own.data();
+    }
+    void* p = base_ + layout_.offset(part, s);
+    if (zeroed && bytes > 0) device::zero(p, bytes, like.device_idx, stream);
+    return p;
+  }
+
+ private:
+  Layout layout_;
+  unsigned char* base_ = nullptr;
+};
+
+Fetch post_fetch(comm::Communicator& comm, const plan::Stage& st, std::size_t s,
+                 const Arena& arena, const TensorView& k, const TensorView& v,
+                 std::uintptr_t stream) {
   const std::int64_t nr = num_rows(st.remote_k_ranges);
   const comm::Rows k_rows = detail::rows_of(k, "k", stream), v_rows = detail::rows_of(v, "v", stream);
   Fetch f;
-  f.k_bytes = detail::Scratch(std::size_t(nr * k_rows.row_bytes()), k, stream, false);
-  f.v_bytes = detail::Scratch(std::size_t(nr * v_rows.row_bytes()), v, stream, false);
-  f.k = shaped_like(k, nr, f.k_bytes.data(), k.dtype);
-  f.v = shaped_like(v, nr, f.v_bytes.data(), v.dtype);
+  f.k = shaped_like(k, nr,
+                    arena.rows(Layout::kK, s, std::size_t(nr * k_rows.row_bytes()), k, stream,
+                               false, f.k_bytes),
+                    k.dtype);
+  f.v = shaped_like(v, nr,
+                    arena.rows(Layout::kV, s, std::size_t(nr * v_rows.row_bytes()), v, stream,
+                               false, f.v_bytes),
+                    v.dtype);
   f.k_work = comm.group_cast(k_rows, detail::rows_of(f.k, "k receive buffer", stream), st.cast);
   f.v_work = comm.group_cast(v_rows, detail::rows_of(f.v, "v receive buffer", stream), st.cast);
   return f;
@@ -74,9 +150,6 @@ const plan::RankPlan& rank_plan(const plan::DistPlan& plan, const comm::Communic
   return plan.ranks[std::size_t(comm.rank())];
 }
 
-DType compute_type(const TensorView& q) {
-  return q.dtype == DType::kF64 ? DType::kF64 : DType::kF32;
-}
 
 // Every check that could fail on one rank only runs before the first collective, so a bad
 // argument throws on that rank instead of leaving its peers waiting for a timeout.
@@ -220,6 +293,18 @@ void PreparedRank::check_matches(const plan::DistPlan& plan, int rank) const {
   MAGI_CHECK(same, "prepared: its masks are not this plan's (prepared from another plan)");
 }
 
+std::size_t calc_attn_workspace_bytes(const plan::DistPlan& plan, int rank, std::int64_t heads_q,
+                                      std::int64_t heads_kv, std::int64_t head_dim, DType dtype,
+                                      bool backward) {
+  MAGI_CHECK(rank >= 0 && rank < int(plan.ranks.size()), "calc_attn_workspace_bytes: rank ", rank,
+             " is not in a plan for cp ", plan.ranks.size());
+  MAGI_CHECK(heads_q > 0 && heads_kv > 0 && head_dim > 0, "calc_attn_workspace_bytes: heads_q ",
+             heads_q, ", heads_kv ", heads_kv, " and head_dim ", head_dim, " must be positive");
+  return Layout(plan.ranks[std::size_t(rank)], plan.dispatch.rank_tokens(rank), heads_q, heads_kv,
+                head_dim, dtype, backward)
+      .bytes();
+}
+
 void calc_attn_forward(const plan::DistPlan& plan, comm::Communicator& comm_in, const FwdArgs& a,
                        const AttnOptions& opts, CalcStats* stats, const PreparedRank* given) {
   std::unique_ptr<comm::Communicator> staged;
@@ -228,21 +313,24 @@ void calc_attn_forward(const plan::DistPlan& plan, comm::Communicator& comm_in, 
   const std::uintptr_t stream = opts.cuda_stream;
   const plan::RankPlan& rp = rank_plan(plan, comm);
   check_local(plan, comm, a.q, a.k, a.v, opts);
-  const DType compute = compute_type(a.q);
+  const DType compute = compute_type(a.q.dtype);
   check_compute(a.out, "out", compute);
   check_compute(a.lse, "lse", compute);
   if (a.max_logits) check_compute(*a.max_logits, "max_logits", compute);
   const std::int64_t nl = a.q.shape[0];
+  const Arena arena(rp, nl, a.q, a.k, false, a.workspace);
+  FwdArgs own = a;  // the kernels' workspace is the first part of the call's
+  own.workspace = arena.kernel();
   // The kernel's own checks (dtype, head dim, sink) before the first collective.
-  validate_forward(Mask(nl, nl, {}), a, opts);
-  std::optional<PreparedRank> own;
-  const PreparedRank& pr = prepared_for(plan, comm, given, own);
+  validate_forward(Mask(nl, nl, {}), own, opts);
+  std::optional<PreparedRank> own_prepared;
+  const PreparedRank& pr = prepared_for(plan, comm, given, own_prepared);
 
   Timeline tl(stats, a.q, stream);
   Fetch next;
-  if (!rp.stages.empty()) next = post_fetch(comm, rp.stages[0], a.k, a.v, stream);
+  if (!rp.stages.empty()) next = post_fetch(comm, rp.stages[0], 0, arena, a.k, a.v, stream);
   if (nl > 0) {
-    tl.compute([&] { attn_forward(pr.host(), a, opts); });
+    tl.compute([&] { attn_forward(pr.host(), own, opts); });
   } else if (a.max_logits) {
     fill(*a.max_logits, -std::numeric_limits<double>::infinity(), stream);
   }
@@ -251,10 +339,11 @@ void calc_attn_forward(const plan::DistPlan& plan, comm::Communicator& comm_in, 
   for (std::size_t s = 0; s < rp.stages.size(); ++s) {
     Fetch cur = std::move(next);
     tl.wait([&] { cur.wait(); });
-    if (s + 1 < rp.stages.size()) next = post_fetch(comm, rp.stages[s + 1], a.k, a.v, stream);
+    if (s + 1 < rp.stages.size())
+      next = post_fetch(comm, rp.stages[s + 1], s + 1, arena, a.k, a.v, stream);
     const plan::Stage& st = rp.stages[s];
     if (st.slices.empty()) continue;
-    FwdArgs sa = a;
+    FwdArgs sa = own;
     sa.k = cur.k;
     sa.v = cur.v;
     sa.sink.reset();  // the sink joins each row's normaliser once, at the host stage
@@ -276,7 +365,7 @@ void calc_attn_backward(const plan::DistPlan& plan, comm::Communicator& comm_in,
   const std::uintptr_t stream = opts.cuda_stream;
   const plan::RankPlan& rp = rank_plan(plan, comm);
   check_local(plan, comm, a.q, a.k, a.v, opts);
-  const DType compute = compute_type(a.q);
+  const DType compute = compute_type(a.q.dtype);
   check_compute(a.dq, "dq", compute);
   check_compute(a.dk, "dk", compute);
   check_compute(a.dv, "dv", compute);
@@ -285,15 +374,18 @@ void calc_attn_backward(const plan::DistPlan& plan, comm::Communicator& comm_in,
   const std::int64_t nl = a.q.shape[0];
   const comm::Rows dk_rows = detail::rows_of(a.dk, "dk", stream);
   const comm::Rows dv_rows = detail::rows_of(a.dv, "dv", stream);
-  validate_backward(Mask(nl, nl, {}), a, opts);  // before the first collective, as forward
-  std::optional<PreparedRank> own;
-  const PreparedRank& pr = prepared_for(plan, comm, given, own);
+  const Arena arena(rp, nl, a.q, a.k, true, a.workspace);
+  BwdArgs own = a;  // the kernels' workspace is the first part of the call's
+  own.workspace = arena.kernel();
+  validate_backward(Mask(nl, nl, {}), own, opts);  // before the first collective, as forward
+  std::optional<PreparedRank> own_prepared;
+  const PreparedRank& pr = prepared_for(plan, comm, given, own_prepared);
 
   Timeline tl(stats, a.q, stream);
   Fetch next;
-  if (!rp.stages.empty()) next = post_fetch(comm, rp.stages[0], a.k, a.v, stream);
+  if (!rp.stages.empty()) next = post_fetch(comm, rp.stages[0], 0, arena, a.k, a.v, stream);
   if (nl > 0) {
-    tl.compute([&] { attn_backward(pr.host(), a, opts); });
+    tl.compute([&] { attn_backward(pr.host(), own, opts); });
   } else if (a.dsink) {
     fill(*a.dsink, 0.0, stream);
   }
@@ -305,15 +397,18 @@ void calc_attn_backward(const plan::DistPlan& plan, comm::Communicator& comm_in,
   for (std::size_t s = 0; s < rp.stages.size(); ++s) {
     Fetch cur = std::move(next);
     tl.wait([&] { cur.wait(); });
-    if (s + 1 < rp.stages.size()) next = post_fetch(comm, rp.stages[s + 1], a.k, a.v, stream);
+    if (s + 1 < rp.stages.size())
+      next = post_fetch(comm, rp.stages[s + 1], s + 1, arena, a.k, a.v, stream);
     const plan::Stage& st = rp.stages[s];
     const std::int64_t nr = cur.k.shape[0];
     const std::size_t part_bytes = std::size_t(nr * detail::row_elems(a.dk) * dtype_size(compute));
-    detail::Scratch dk_part(part_bytes, a.dk, stream, true), dv_part(part_bytes, a.dv, stream, true);
-    const TensorView pdk = shaped_like(a.dk, nr, dk_part.data(), compute);
-    const TensorView pdv = shaped_like(a.dv, nr, dv_part.data(), compute);
+    detail::Scratch dk_part, dv_part;
+    const TensorView pdk = shaped_like(
+        a.dk, nr, arena.rows(Layout::kDk, s, part_bytes, a.dk, stream, true, dk_part), compute);
+    const TensorView pdv = shaped_like(
+        a.dv, nr, arena.rows(Layout::kDv, s, part_bytes, a.dv, stream, true, dv_part), compute);
     if (!st.slices.empty()) {
-      BwdArgs sa = a;
+      BwdArgs sa = own;
       sa.k = cur.k;
       sa.v = cur.v;
       sa.dk = pdk;
@@ -351,15 +446,16 @@ double comm_only_seconds(const plan::DistPlan& plan, comm::Communicator& comm_in
   const std::int64_t nl = plan.dispatch.rank_tokens(comm.rank());
   MAGI_CHECK(k.shape[0] == nl && v.shape[0] == nl, "comm_only_seconds: k/v have ", k.shape[0],
              "/", v.shape[0], " rows, but rank ", comm.rank(), " holds ", nl, " tokens");
-  const DType compute = compute_type(k);
+  const DType compute = compute_type(k.dtype);
   const std::int64_t row = detail::row_elems(k);
   detail::Scratch owner(std::size_t(nl * row * dtype_size(compute)), k, 0, true);
+  const Arena no_workspace(rp, nl, k, k, false, std::nullopt);  // allocates per stage
   const comm::Rows owner_rows =
       detail::rows_of(shaped_like(k, nl, owner.data(), compute), "dk owner rows");
   double seconds = 0;
   for (const plan::Stage& st : rp.stages) {
     timed(&seconds, [&] {
-      Fetch f = post_fetch(comm, st, k, v, 0);
+      Fetch f = post_fetch(comm, st, 0, no_workspace, k, v, 0);
       f.wait();
       if (!backward) return;
       detail::Scratch part(std::size_t(f.k.shape[0] * row * dtype_size(compute)), k, 0, true);

@@ -12,6 +12,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <random>
@@ -133,11 +134,53 @@ void run_case(const Mask& mask, std::int64_t hq, std::int64_t hkv, int stages,
   EXPECT_GE(stats.wait_s, 0.0);
   DevTensor dql(DType::kF32, {nl, hq, d}), dkl(DType::kF32, {nl, hkv, d}),
       dvl(DType::kF32, {nl, hkv, d});
-  runtime::calc_attn_backward(dp, world,
-                              BwdArgs{dol.view, ql.view, kl.view, vl.view, ol.view, ll.view,
-                                      dql.view, dkl.view, dvl.view, std::nullopt, std::nullopt},
-                              c.opts);
+  const BwdArgs ba{dol.view, ql.view, kl.view, vl.view, ol.view, ll.view,
+                   dql.view, dkl.view, dvl.view, std::nullopt, std::nullopt};
+  runtime::calc_attn_backward(dp, world, ba, c.opts);
   sync("distributed");
+
+  // The same calls carving every scratch buffer from one workspace (runtime.h
+  // calc_attn_workspace_bytes; what the Python front passes from torch's allocator): the
+  // same bits as the calls that allocate their own.
+  {
+    const auto bytes = [&](bool bwd) {
+      return runtime::calc_attn_workspace_bytes(dp, world.rank(), hq, hkv, d, c.in, bwd);
+    };
+    const std::size_t ws_bytes = std::max(bytes(false), bytes(true));
+    DevTensor ws(DType::kF32, {std::int64_t(ws_bytes / 4) + 1});
+    DevTensor o2(DType::kF32, {nl, hq, d}), l2(DType::kF32, {nl, hq}), dq2(DType::kF32, {nl, hq, d}),
+        dk2(DType::kF32, {nl, hkv, d}), dv2(DType::kF32, {nl, hkv, d});
+    FwdArgs fa{ql.view, kl.view, vl.view, o2.view, l2.view, std::nullopt, std::nullopt};
+    fa.workspace = Workspace{ws.view.data, bytes(false)};
+    runtime::calc_attn_forward(dp, world, fa, c.opts);
+    // The backward bitwise only in deterministic mode (else dq's fp32 atomics reorder).
+    AttnOptions det = c.opts;
+    det.deterministic = true;
+    DevTensor dq3(DType::kF32, {nl, hq, d}), dk3(DType::kF32, {nl, hkv, d}),
+        dv3(DType::kF32, {nl, hkv, d});
+    BwdArgs b3 = ba;
+    b3.dq = dq3.view, b3.dk = dk3.view, b3.dv = dv3.view;
+    runtime::calc_attn_backward(dp, world, b3, det);
+    BwdArgs b2 = ba;
+    b2.dq = dq2.view, b2.dk = dk2.view, b2.dv = dv2.view;
+    b2.workspace = Workspace{ws.view.data, bytes(true)};
+    runtime::calc_attn_backward(dp, world, b2, det);
+    sync("distributed, with a workspace");
+    EXPECT_EQ(o2.download(), ol.download()) << "out with a workspace";
+    EXPECT_EQ(l2.download(), ll.download()) << "lse with a workspace";
+    EXPECT_EQ(dq2.download(), dq3.download()) << "dq with a workspace";
+    EXPECT_EQ(dk2.download(), dk3.download()) << "dk with a workspace";
+    EXPECT_EQ(dv2.download(), dv3.download()) << "dv with a workspace";
+    // One byte short: refused on every rank before the first collective, naming the size.
+    fa.workspace->bytes = bytes(false) - 1;
+    try {
+      runtime::calc_attn_forward(dp, world, fa, c.opts);
+      ADD_FAILURE() << "a workspace one byte short was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("calc_attn_workspace_bytes"), std::string::npos)
+          << e.what();
+    }
+  }
 
   // Both against the oracle, on this rank's rows.
   const oracle::FwdResult of = oracle::forward(mask, p);

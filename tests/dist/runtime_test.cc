@@ -540,5 +540,39 @@ TEST(Runtime, PreparedRankMatchesPerCallMasksBitwise) {
   EXPECT_NO_THROW(comm.barrier());
 }
 
+// calc_attn_workspace_bytes is runtime.h's formula: two slots of the largest stage's remote
+// K/V rows (and, backward, their fp32 partial dK/dV), after the largest kernel workspace.
+TEST(Runtime, WorkspaceBytesFollowTheFormula) {
+  comm::Communicator& comm = world();
+  const std::int64_t n = 256 * comm.size(), hq = 4, hkv = 2, d = 64;
+  plan::PlanOptions po;
+  po.dispatch.cp = comm.size();
+  po.dispatch.chunk_size = 32;
+  po.num_stages = 2;
+  const plan::DistPlan dp = plan::make_plan(masks::causal(n, n), po);
+  const auto align = [](std::size_t b) { return (b + 255) / 256 * 256; };
+  for (int r = 0; r < comm.size(); ++r) {
+    const std::int64_t nl = dp.dispatch.rank_tokens(r);
+    std::int64_t rows = 0;
+    for (const plan::Stage& st : dp.ranks[std::size_t(r)].stages) {
+      std::int64_t nr = 0;
+      for (const Range k : st.remote_k_ranges) nr += k.size();
+      rows = std::max(rows, nr);
+    }
+    const std::size_t kv = align(std::size_t(rows * hkv * d * 2));  // bf16 rows
+    const std::size_t part = align(std::size_t(rows * hkv * d * 4));  // fp32 partials
+    EXPECT_EQ(runtime::calc_attn_workspace_bytes(dp, r, hq, hkv, d, DType::kBF16, false),
+              align(attn_forward_workspace_bytes(std::max(nl, rows), hkv)) + 4 * kv)
+        << "rank " << r;
+    EXPECT_EQ(runtime::calc_attn_workspace_bytes(dp, r, hq, hkv, d, DType::kBF16, true),
+              align(attn_backward_workspace_bytes(nl, hq, d)) + 4 * kv + 4 * part)
+        << "rank " << r;
+  }
+  EXPECT_THROW(runtime::calc_attn_workspace_bytes(dp, comm.size(), hq, hkv, d, DType::kBF16, false),
+               magi::Error);
+  EXPECT_THROW(runtime::calc_attn_workspace_bytes(dp, 0, hq, 0, d, DType::kBF16, false),
+               magi::Error);
+}
+
 }  // namespace
 }  // namespace magi
