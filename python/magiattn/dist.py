@@ -294,6 +294,10 @@ class DistAttnRuntimeKey:
                             ("head_dim", head_dim)):
             if int(value) != value or value <= 0:
                 raise ValueError(f"{name}: {value} must be a positive integer")
+        margin = getattr(config, "sm_margin", 0)
+        if not isinstance(margin, int) or isinstance(margin, bool) or margin < 0:
+            raise ValueError(f"dist_attn_config.sm_margin: {margin} must be a non-negative "
+                             "integer (SMs the attention kernels leave free)")
         if num_heads_q % num_heads_kv:
             raise ValueError(f"num_heads_q {num_heads_q} is not a multiple of num_heads_kv "
                              f"{num_heads_kv}")
@@ -312,6 +316,7 @@ class DistAttnRuntimeKey:
         self.num_local_tokens = plan.rank_tokens(self.cp_rank)
         self._positions = plan.position_ids(self.cp_rank)
         self._device_positions: dict = {}  # torch device -> the positions as an index tensor
+        self._workspace_bytes: dict = {}  # (dtype name, backward) -> calc_attn's workspace
         # Every rank must build the same key: one gather of a fingerprint fails at once on
         # every rank, naming the ranks that disagree, where a mismatched plan would otherwise
         # run into the communication timeout later and blame a "dead" rank.
@@ -560,11 +565,33 @@ def _check_args(key: DistAttnRuntimeKey, dsink_all_reduce_op: str, **arrays: Any
                              "head_dim)")
 
 
+_DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "float64": "fp64"}
+
+
+def _workspace(key: DistAttnRuntimeKey, q, backward: bool):
+    """A CUDA call's workspace from torch's caching allocator (runtime.h
+    calc_attn_workspace_bytes: the remote K/V of two stages and, backward, their partial
+    dK/dV), so no call allocates device memory itself; None for host arrays."""
+    if not getattr(q, "is_cuda", False):
+        return None
+    import torch
+    name = _DTYPE_NAMES.get(str(q.dtype).removeprefix("torch."))
+    if name is None:
+        return None  # the kernels' dtype check names it
+    cached = key._workspace_bytes.get((name, backward))
+    if cached is None:
+        cached = _lib().workspace_bytes(key._plan, key.cp_rank, key.num_heads_q,
+                                        key.num_heads_kv, key.head_dim, name, backward)
+        key._workspace_bytes[(name, backward)] = cached
+    return torch.empty(max(cached, 1), dtype=torch.uint8, device=q.device)
+
+
 def _forward_into(key: DistAttnRuntimeKey, q, k, v, out, lse, sink, max_logits,
                   softmax_scale: Optional[float], softcap: float) -> None:
     _lib().forward(key._plan, key.comm._c, q, k, v, out, lse, sink=sink, max_logits=max_logits,
                    softmax_scale=None if softmax_scale is None else float(softmax_scale),
-                   softcap=float(softcap), prepared=key._prepared, cuda_stream=_stream(q))
+                   softcap=float(softcap), prepared=key._prepared, cuda_stream=_stream(q),
+                   workspace=_workspace(key, q, False), sm_margin=key.config.sm_margin)
 
 
 def _backward_into(key: DistAttnRuntimeKey, dout, q, k, v, out, lse, dq, dk, dv, sink, dsink,
@@ -572,7 +599,8 @@ def _backward_into(key: DistAttnRuntimeKey, dout, q, k, v, out, lse, dq, dk, dv,
     _lib().backward(key._plan, key.comm._c, dout, q, k, v, out, lse, dq, dk, dv, sink=sink,
                     dsink=dsink, softmax_scale=None if softmax_scale is None else
                     float(softmax_scale), softcap=float(softcap), prepared=key._prepared,
-                    cuda_stream=_stream(q))
+                    cuda_stream=_stream(q), workspace=_workspace(key, q, True),
+                    sm_margin=key.config.sm_margin)
     if dsink is not None and dsink_all_reduce_op != "none":
         key.comm.all_reduce(dsink, "sum")
         if dsink_all_reduce_op == "avg":

@@ -24,12 +24,15 @@ PlanLike = Union[dict, str, os.PathLike]
 class DistAttnConfig:
     """The planner's options, one value (MagiAttention's name): ``num_stages`` (0: chosen by
     the cost model), ``chunk_size`` (0: automatic), ``algorithm`` ("refined" or "minheap"),
-    ``uneven`` (allow shards one chunk apart when the length does not divide evenly)."""
+    ``uneven`` (allow shards one chunk apart when the length does not divide evenly); and the
+    runtime's ``sm_margin``: SMs the GPU attention kernels of ``calc_attn`` leave free, so
+    that the communication kernels of the next stage find room beside them."""
 
     num_stages: int = 0
     chunk_size: int = 0
     algorithm: str = "refined"
     uneven: bool = False
+    sm_margin: int = 0
 
 
 def plan_json(mask: Mask, cp: int, config: Optional[DistAttnConfig] = None, **options) -> str:

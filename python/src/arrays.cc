@@ -204,6 +204,12 @@ Workspace TensorArgs::bytes(nb::handle obj, const char* name, int device) {
   return Workspace{a.data(), a.size()};
 }
 
+std::optional<Workspace> TensorArgs::workspace(nb::handle obj, const TensorView& q) {
+  if (obj.is_none()) return std::nullopt;
+  MAGI_CHECK(q.device == Device::kCUDA, "workspace: only for CUDA calls (q is on cpu)");
+  return bytes(obj, "workspace", q.device_idx);
+}
+
 IntArray read_ints(nb::handle obj, const char* name, int ndim) {
   return read_as<std::int64_t>(obj, name, ndim);
 }

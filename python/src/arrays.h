@@ -34,6 +34,9 @@ class TensorArgs {
   // Raw writable bytes (a contiguous uint8/int8 CUDA array on device `device`): scratch
   // memory such as a workspace.
   Workspace bytes(nb::handle obj, const char* name, int device);
+  // A call's optional GPU workspace ("workspace": a byte tensor on q's CUDA device); None:
+  // the callee allocates its own.
+  std::optional<Workspace> workspace(nb::handle obj, const TensorView& q);
 
  private:
   std::vector<InArray> inputs_;

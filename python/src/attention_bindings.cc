@@ -25,15 +25,6 @@ namespace {
 
 using namespace nb::literals;
 
-// A call's optional GPU workspace (a uint8 tensor on q's CUDA device); None: the kernel
-// allocates its own.
-std::optional<Workspace> workspace_arg(TensorArgs& t, nb::handle workspace,
-                                       const TensorView& q) {
-  if (workspace.is_none()) return std::nullopt;
-  MAGI_CHECK(q.device == Device::kCUDA, "workspace: only for CUDA calls (q is on cpu)");
-  return t.bytes(workspace, "workspace", q.device_idx);
-}
-
 void forward(nb::handle q, nb::handle k, nb::handle v, const Mask& mask, nb::handle out,
              nb::handle lse, nb::handle sink, nb::handle max_logits,
              std::optional<double> softmax_scale, double softcap, const std::string& sink_layout,
@@ -60,7 +51,7 @@ void backward(nb::handle dout, nb::handle q, nb::handle k, nb::handle v, nb::han
   opts.cuda_stream = cuda_stream;
   TensorArgs t;
   BwdArgs a = bwd_args(t, dout, q, k, v, out, lse, dq, dk, dv, sink, dsink);
-  a.workspace = workspace_arg(t, workspace, a.q);
+  a.workspace = t.workspace(workspace, a.q);
   nb::gil_scoped_release release;
   attn_backward(mask, a, opts);
 }
@@ -81,7 +72,7 @@ void forward_prepared(nb::handle q, nb::handle k, nb::handle v, const PreparedMa
   opts.cuda_stream = cuda_stream;
   TensorArgs t;
   FwdArgs a = fwd_args(t, q, k, v, out, lse, sink, max_logits);
-  a.workspace = workspace_arg(t, workspace, a.q);
+  a.workspace = t.workspace(workspace, a.q);
   if (ranges) {
     const auto& [q_ptr, k_ptr, types_ptr, range_bytes, type_bytes, count] = *ranges;
     a.device_ranges = DeviceRanges{reinterpret_cast<const void*>(q_ptr),

@@ -81,11 +81,14 @@ void roll(const DistPlan& p, Comm& c, nb::handle local_in, nb::handle local_out,
 void forward(const DistPlan& p, Comm& c, nb::handle q, nb::handle k, nb::handle v, nb::handle out,
              nb::handle lse, nb::handle sink, nb::handle max_logits,
              std::optional<double> softmax_scale, double softcap, int num_threads,
-             const runtime::PreparedRank* prepared, std::uintptr_t cuda_stream) {
+             const runtime::PreparedRank* prepared, std::uintptr_t cuda_stream,
+             nb::handle workspace, int sm_margin) {
   AttnOptions opts = attn_options(softmax_scale, softcap, "sh", false, false, num_threads);
   opts.cuda_stream = cuda_stream;
+  opts.sm_margin = sm_margin;
   TensorArgs t;
-  const FwdArgs a = fwd_args(t, q, k, v, out, lse, sink, max_logits);
+  FwdArgs a = fwd_args(t, q, k, v, out, lse, sink, max_logits);
+  a.workspace = t.workspace(workspace, a.q);
   collective(c, "calc_attn", [&](comm::Communicator& mc) {
     check_local_rows(p, mc, {{&a.q, "q"}, {&a.k, "k"}, {&a.v, "v"}});
     runtime::calc_attn_forward(p, mc, a, opts, nullptr, prepared);  // validates first
@@ -96,11 +99,13 @@ void backward(const DistPlan& p, Comm& c, nb::handle dout, nb::handle q, nb::han
               nb::handle out, nb::handle lse, nb::handle dq, nb::handle dk, nb::handle dv,
               nb::handle sink, nb::handle dsink, std::optional<double> softmax_scale,
               double softcap, int num_threads, const runtime::PreparedRank* prepared,
-              std::uintptr_t cuda_stream) {
+              std::uintptr_t cuda_stream, nb::handle workspace, int sm_margin) {
   AttnOptions opts = attn_options(softmax_scale, softcap, "sh", false, false, num_threads);
   opts.cuda_stream = cuda_stream;
+  opts.sm_margin = sm_margin;
   TensorArgs t;
-  const BwdArgs a = bwd_args(t, dout, q, k, v, out, lse, dq, dk, dv, sink, dsink);
+  BwdArgs a = bwd_args(t, dout, q, k, v, out, lse, dq, dk, dv, sink, dsink);
+  a.workspace = t.workspace(workspace, a.q);
   collective(c, "calc_attn backward", [&](comm::Communicator& mc) {
     check_local_rows(p, mc, {{&a.dout, "dout"}, {&a.q, "q"}, {&a.k, "k"}, {&a.v, "v"}});
     runtime::calc_attn_backward(p, mc, a, opts, nullptr, prepared);  // validates first
@@ -151,13 +156,26 @@ void bind_runtime(nb::module_& m) {
         nb::kw_only(), "sink"_a.none() = nb::none(), "max_logits"_a.none() = nb::none(),
         "softmax_scale"_a.none() = nb::none(), "softcap"_a = 0.0, "num_threads"_a = 0,
         "prepared"_a.none() = nb::none(), "cuda_stream"_a = 0,
+        "workspace"_a.none() = nb::none(), "sm_margin"_a = 0,
         "calc_attn forward on local rows (out, lse, max_logits in the compute type); prepared: "
-        "this rank's PreparedRank of the plan (else its masks are built per call)");
+        "this rank's PreparedRank of the plan (else its masks are built per call); workspace: "
+        "CUDA bytes of workspace_bytes(..., backward=False) (else allocated per call)");
   m.def("backward", &backward, "plan"_a, "comm"_a, "dout"_a, "q"_a, "k"_a, "v"_a, "out"_a, "lse"_a,
         "dq"_a, "dk"_a, "dv"_a, nb::kw_only(), "sink"_a.none() = nb::none(),
         "dsink"_a.none() = nb::none(), "softmax_scale"_a.none() = nb::none(), "softcap"_a = 0.0,
         "num_threads"_a = 0, "prepared"_a.none() = nb::none(), "cuda_stream"_a = 0,
+        "workspace"_a.none() = nb::none(), "sm_margin"_a = 0,
         "calc_attn backward on local rows (dq, dk, dv in the compute type; dsink partial)");
+  m.def(
+      "workspace_bytes",
+      [](const DistPlan& p, int rank, std::int64_t heads_q, std::int64_t heads_kv,
+         std::int64_t head_dim, const std::string& dtype, bool backward) {
+        return runtime::calc_attn_workspace_bytes(p, rank, heads_q, heads_kv, head_dim,
+                                                  dtype_from_name(dtype), backward);
+      },
+      "plan"_a, "rank"_a, "heads_q"_a, "heads_kv"_a, "head_dim"_a, "dtype"_a, "backward"_a,
+      "Bytes of forward/backward's CUDA workspace on `rank` (runtime.h's formula); dtype: "
+      "q's ('bf16', 'fp16', 'fp32', 'fp64')");
   m.def("all_reduce", &all_reduce, "comm"_a, "x"_a, "op"_a = "sum", "cuda_stream"_a = 0,
         "In-place sum or max over ranks of a contiguous float32/float64 array");
   m.def("check_agree", &check_agree, "comm"_a, "key"_a, "what"_a,

@@ -209,6 +209,13 @@ def check_cuda():
             close("max_logits", meta.max_logits, meta1.max_logits, 1e-6)]
     errs += [close(f"d{x}", a.grad, b.grad, 3e-2) for x, a, b in
              (("q", q, q1), ("k", k, k1), ("v", v, v1))]
+    # sm_margin leaves SMs free for the communication: the same tiles, the same bits.
+    key8 = magiattn.magi_attn_varlen_key(
+        cu, cu, hq, hkv, d, causal=True,
+        dist_attn_config=magiattn.DistAttnConfig(uneven=True, sm_margin=8))
+    with torch.no_grad():
+        out8, _ = magiattn.calc_attn(*(magiattn.dispatch(p[x], key8) for x in "qkv"), key8)
+    assert torch.equal(out8, out.detach()), "cuda: sm_margin=8 changed the forward's bits"
     print(f"rank {key.cp_rank}: OK cuda (max rel err {max(errs):.2e})", flush=True)
 
 
@@ -296,6 +303,9 @@ def validate():
            dsink_all_reduce_op="max")
     raises(ValueError, "expected an array", magiattn.calc_attn, q.tolist(), k, v, key)
     raises(TypeError, "key: expected a DistAttnRuntimeKey", magiattn.calc_attn, q, k, v, None)
+    raises(ValueError, "dist_attn_config.sm_margin: -1", magiattn.magi_attn_flex_key,
+           [[0, N]], [[0, N]], "causal", N, N, HQ, HKV, D,
+           dist_attn_config=magiattn.DistAttnConfig(sm_margin=-1))
     out, meta = magiattn.calc_attn(q, k, v, key)  # still works: no check broke the group
     raises(ValueError, "dout: dtype fp32 is not fp64", magiattn.calc_attn_backward,
            out.astype(np.float32), q, k, v, out, meta.lse, key)
