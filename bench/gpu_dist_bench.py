@@ -105,6 +105,18 @@ def ring_cp_unavailable() -> str:
     return ""
 
 
+def cp_options():
+    """torch's context-parallel options object (its module moved between releases), or None."""
+    import importlib
+    for name in ("torch.distributed.tensor.experimental._context_parallel._attention",
+                 "torch.distributed.tensor.experimental._attention"):
+        try:
+            return importlib.import_module(name)._cp_options
+        except (ImportError, AttributeError):
+            continue
+    return None
+
+
 def time_ring_cp(mask_name, q, k, v, dout, mesh, reps):
     """(fwd ms, fwd + bwd ms) of SDPA cuDNN under context_parallel; the buffers are sharded
     (load-balanced for causal) on entering the context and restored on leaving it. GQA through
@@ -114,6 +126,10 @@ def time_ring_cp(mask_name, q, k, v, dout, mesh, reps):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     causal = mask_name == "causal"
+    # Load balancing (head-tail shards) is for causal masks; torch refuses it without one.
+    options = cp_options()
+    if options is not None:
+        options.enable_load_balance = causal
     hq, hkv = q.shape[1], k.shape[1]
     bufs = [x.transpose(0, 1).unsqueeze(0).contiguous() for x in (q, k, v, dout)]  # [1, H, S, D]
     note = ""
