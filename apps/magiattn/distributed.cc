@@ -16,6 +16,9 @@
 #include <vector>
 
 #include "magi/error.h"
+#ifdef MAGI_CLI_NCCL
+#include "magi/nccl.h"
+#endif
 
 namespace magi::cli {
 
@@ -31,6 +34,17 @@ int local_ranks(int fallback) {
     if (const char* s = std::getenv(v)) {
       const int n = std::atoi(s);
       if (n > 0) return n;
+    }
+  }
+  return fallback;
+}
+
+int local_rank(int fallback) {
+  for (const char* v : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"}) {
+    if (const char* s = std::getenv(v)) {
+      char* end = nullptr;
+      const long n = std::strtol(s, &end, 10);
+      if (end != s && n >= 0) return int(n);
     }
   }
   return fallback;
@@ -83,8 +97,7 @@ Verdict agree_on_setup(comm::Communicator& world, int code, const std::string& t
   std::vector<double> all(std::size_t(2 * size), 0.0);  // [code, hash] per rank, summed
   all[std::size_t(2 * rank)] = code;
   all[std::size_t(2 * rank + 1)] = code != 0 ? double(hash) : 0.0;
-  world.all_reduce(comm::Rows{all.data(), 1, 2 * size, DType::kF64}, comm::ReduceOp::kSum)
-      ->wait();
+  world.all_reduce(comm::Rows{all.data(), 1, 2 * size, DType::kF64}, comm::ReduceOp::kSum)->wait();
   int highest = 0;
   for (int r = 0; r < size; ++r) highest = std::max(highest, int(all[std::size_t(2 * r)]));
   Verdict v;
@@ -93,6 +106,34 @@ Verdict agree_on_setup(comm::Communicator& world, int code, const std::string& t
   v.print = code != 0 && (rank == 0 || all[0] == 0 || all[1] != double(hash));
   return v;
 }
+
+#ifdef MAGI_CLI_NCCL
+std::unique_ptr<comm::Communicator> make_nccl_world(comm::Communicator& world, int device,
+                                                    double timeout_s) {
+  comm::nccl::UniqueId id{};
+  // [ok, the id's bytes]: rank 0's share of a sum, zeros elsewhere (doubles hold bytes exactly).
+  std::vector<double> shared(id.size() + 1, 0.0);
+  std::string why;
+  if (world.rank() == 0) {
+    try {
+      id = comm::nccl::make_unique_id();
+      shared[0] = 1;
+      std::copy(id.begin(), id.end(), shared.begin() + 1);
+    } catch (const std::exception& e) {
+      why = e.what();
+    }
+  }
+  world
+      .all_reduce(comm::Rows{shared.data(), 1, std::int64_t(shared.size()), DType::kF64},
+                  comm::ReduceOp::kSum)
+      ->wait();
+  if (world.rank() == 0) MAGI_CHECK(why.empty(), "--comm nccl: ", why);
+  MAGI_CHECK(shared[0] == 1, "--comm nccl: rank 0 could not make the NCCL unique id");
+  for (std::size_t i = 0; i < id.size(); ++i) id[i] = static_cast<unsigned char>(shared[i + 1]);
+  return comm::nccl::make_communicator(id, world.rank(), world.size(), device,
+                                       static_cast<long long>(timeout_s * 1000));
+}
+#endif
 
 }  // namespace magi::cli
 #endif

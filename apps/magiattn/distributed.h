@@ -6,6 +6,7 @@
 #pragma once
 
 #ifdef MAGI_CLI_MPI
+#include <memory>
 #include <string>
 
 #include "magi/comm.h"
@@ -17,6 +18,9 @@ bool launched_by_mpi();
 
 // Ranks sharing this host, as the launcher announces them; `fallback` when it does not.
 int local_ranks(int fallback);
+// This rank's index among them (it picks the rank's GPU); `fallback` when the launcher does
+// not say.
+int local_rank(int fallback);
 
 // `magiattn run --ranks N` outside mpirun: replace this process by `mpiexec -n N magiattn
 // <the same arguments>` (Open MPI may oversubscribe the cores and run as root, as the tests
@@ -44,6 +48,15 @@ struct Verdict {
   bool print = false;
 };
 Verdict agree_on_setup(comm::Communicator& world, int code, const std::string& text);
+
+#ifdef MAGI_CLI_NCCL
+// The NCCL communicator over the ranks of `world` on CUDA device `device`: rank 0 makes the
+// unique id and hands it to the others through `world` (an all-reduce under its deadline, so a
+// rank 0 that cannot load libnccl fails every rank instead of leaving them waiting), then every
+// rank joins within `timeout_s`, which stays the communicator's timeout.
+std::unique_ptr<comm::Communicator> make_nccl_world(comm::Communicator& world, int device,
+                                                    double timeout_s);
+#endif
 
 }  // namespace magi::cli
 #endif

@@ -32,6 +32,7 @@ struct RunSizes {
   double input_bytes = 4, compute_bytes = 4;  // per element
   double check_rows = 0;
   int cp = 1;
+  bool gpu = false;  // the attention runs on a GPU: no CPU backend packs on the host
 };
 void add_run_tensors(MemoryEstimate& e, const RunSizes& s);
 

@@ -61,6 +61,10 @@ class Buffer {
   }
 
   std::size_t numel() const { return bytes_.size() / std::size_t(dtype_size(dtype_)); }
+  DType dtype() const { return dtype_; }
+  // The raw bytes: what a GPU run uploads and downloads (device_run.h).
+  void* data() { return bytes_.data(); }
+  std::size_t bytes() const { return bytes_.size(); }
 
  private:
   template <typename T>

@@ -24,13 +24,22 @@ struct RunFlags {
   bool json = false;
   double comm_timeout_s = 300;  // a dead or stuck peer becomes an error after this long
   int ranks = 0;  // --ranks: expect this many MPI ranks (0: run distributed only under mpirun)
-  bool uneven = false;  // distributed: let the ranks' shares differ by one chunk
+  bool uneven = false;          // distributed: let the ranks' shares differ by one chunk
+  std::string device = "auto";  // --device: auto, cpu or cuda
+  std::string comm = "auto";    // --comm (distributed): auto, mpi or nccl
+  bool dtype_given = false, ranks_given = false;  // whether the user passed --dtype, --ranks
+  // Resolved before the run (device_run.h): where it runs and, distributed, over what.
+  bool cuda = false;
+  int gpu = 0;                       // the CUDA device of this process
+  std::string device_label = "cpu";  // "cuda:0 NVIDIA H200"
+  std::string comm_used;             // "mpi" or "nccl" (distributed runs)
 };
 
 struct Result {
   double fwd_s = 0, bwd_s = 0, fwd_flops = 0;  // backward FLOPs: 2.5x forward (semantics §4)
   std::vector<std::pair<std::string, std::optional<double>>> errors;  // empty: not checked
-  double bar = 0;
+  double bar = 0;                                                     // out, lse
+  double grad_bar = 0;                                                // dq, dk, dv
   std::size_t num_q_checked = 0, num_k_checked = 0;
   bool pass = true;
   // Distributed runs only: per-rank lines (rank 0's view), fwd_s/bwd_s above are the slowest.

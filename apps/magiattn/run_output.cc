@@ -1,9 +1,8 @@
 // `magiattn run`'s table and JSON line (see run_command.h).
 #include <cstdio>
 #include <iostream>
-#include <thread>
-
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "checks.h"
 #include "run_command.h"
@@ -20,26 +19,47 @@ int num_threads(const RunFlags& f) {
   return f.threads > 0 ? f.threads : int(std::thread::hardware_concurrency());
 }
 
+namespace {
+
+// "cpu, 16 threads" or "cuda:0 NVIDIA H200" (distributed: rank 0's device).
+std::string device_text(const RunFlags& f) {
+  return f.cuda ? f.device_label : "cpu, " + std::to_string(num_threads(f)) + " threads";
+}
+
+// A GPU's rate reads better in TFLOP/s, the CPU's in GFLOP/s.
+std::string rate(const RunFlags& f, double flops, double s) {
+  return f.cuda ? fmt("  %8.2f TFLOP/s", flops / s / 1e12)
+                : fmt("  %8.2f GFLOP/s", flops / s / 1e9);
+}
+
+std::string bars(const Result& r) {
+  if (r.grad_bar == r.bar) return fmt("%.0e", r.bar);
+  return fmt("%.0e (out, lse), ", r.bar) + fmt("%.0e (dq, dk, dv)", r.grad_bar);
+}
+
+}  // namespace
+
 void print_table(const RunFlags& f, const NamedMask& m, const Result& r) {
   print_mask_summary(std::cout, m);
   std::cout << "problem     Hq " << f.heads_q << ", Hkv " << f.heads_kv << ", D " << f.head_dim
-            << ", " << f.dtype << ", cpu, " << num_threads(f) << " threads"
+            << ", " << f.dtype << ", " << device_text(f)
             << (f.softcap > 0 ? ", softcap " + fmt("%g", f.softcap) : "")
             << (f.sink > 0 ? ", sink " + std::to_string(f.sink) : "") << "\n"
-            << "forward     " << fmt("%.3f s", r.fwd_s)
-            << fmt("  %8.2f GFLOP/s", r.fwd_flops / r.fwd_s / 1e9) << "\n"
-            << "backward    " << fmt("%.3f s", r.bwd_s)
-            << fmt("  %8.2f GFLOP/s", 2.5 * r.fwd_flops / r.bwd_s / 1e9) << "\n"
+            << "forward     " << fmt("%.3f s", r.fwd_s) << rate(f, r.fwd_flops, r.fwd_s) << "\n"
+            << "backward    " << fmt("%.3f s", r.bwd_s) << rate(f, 2.5 * r.fwd_flops, r.bwd_s)
+            << "\n"
             << "checked     " << r.num_q_checked << " q rows, " << r.num_k_checked
-            << " k rows against the fp64 oracle, bar " << fmt("%.0e", r.bar) << "\n";
+            << " k rows against the fp64 oracle, bar " << bars(r) << "\n";
   for (const auto& [name, e] : r.errors) {
     std::cout << "error " << name << std::string(6 - name.size(), ' ')
               << (e ? fmt("%.2e", *e) : "not checked (no row within the oracle's budget)") << "\n";
   }
   if (f.sink > 0) std::cout << "            (dsink is not checked: the sampled oracle has none)\n";
   if (!r.ranks.empty()) {
-    std::cout << "ranks       " << r.ranks.size()
-              << " (MPI; bytes: K/V rows the plan's forward casts move, in the input dtype; "
+    std::cout << "ranks       " << r.ranks.size() << " ("
+              << (f.comm_used == "nccl" ? "NCCL" : "MPI")
+              << (f.cuda && f.comm_used != "nccl" ? " staging GPU rows through the host" : "")
+              << "; bytes: K/V rows the plan's forward casts move, in the input dtype; "
                  "backward returns as many dK/dV rows)\n"
               << "            (wait: time blocked on communication; comm: the same communication "
                  "alone, no compute; hidden = 1 - wait/comm)\n"
@@ -79,7 +99,8 @@ void print_json(const RunFlags& f, const NamedMask& m, const Result& r) {
   j["heads_kv"] = f.heads_kv;
   j["head_dim"] = f.head_dim;
   j["dtype"] = f.dtype;
-  j["threads"] = num_threads(f);
+  j["device"] = f.cuda ? f.device_label : "cpu";
+  if (!f.cuda) j["threads"] = num_threads(f);
   j["softcap"] = f.softcap;
   j["sink"] = f.sink;
   j["fwd_s"] = r.fwd_s;
@@ -88,16 +109,24 @@ void print_json(const RunFlags& f, const NamedMask& m, const Result& r) {
   j["bwd_gflops"] = 2.5 * r.fwd_flops / r.bwd_s / 1e9;
   for (const auto& [name, e] : r.errors) j["rel_error"][name] = e ? nlohmann::json(*e) : nullptr;
   j["bar"] = r.bar;
+  j["grad_bar"] = r.grad_bar;
   j["checked_q_rows"] = r.num_q_checked;
   j["checked_k_rows"] = r.num_k_checked;
   if (!r.ranks.empty()) {
     j["ranks"] = r.ranks.size();
+    j["comm"] = f.comm_used;
     for (const auto& l : r.ranks)
-      j["per_rank"].push_back({{"tokens", l.tokens}, {"area", l.area}, {"fwd_s", l.fwd_s},
-                               {"bwd_s", l.bwd_s}, {"bytes_in", l.bytes_in},
-                               {"bytes_out", l.bytes_out}, {"fwd_wait_s", l.fwd_wait_s},
-                               {"fwd_comm_s", l.fwd_comm_s}, {"fwd_hidden", l.fwd_hidden()},
-                               {"bwd_wait_s", l.bwd_wait_s}, {"bwd_comm_s", l.bwd_comm_s},
+      j["per_rank"].push_back({{"tokens", l.tokens},
+                               {"area", l.area},
+                               {"fwd_s", l.fwd_s},
+                               {"bwd_s", l.bwd_s},
+                               {"bytes_in", l.bytes_in},
+                               {"bytes_out", l.bytes_out},
+                               {"fwd_wait_s", l.fwd_wait_s},
+                               {"fwd_comm_s", l.fwd_comm_s},
+                               {"fwd_hidden", l.fwd_hidden()},
+                               {"bwd_wait_s", l.bwd_wait_s},
+                               {"bwd_comm_s", l.bwd_comm_s},
                                {"bwd_hidden", l.bwd_hidden()}});
   }
   j["pass"] = r.pass;

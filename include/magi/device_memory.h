@@ -60,5 +60,10 @@ void to_host(void* dst, const void* src, std::size_t bytes, int device, std::uin
 // Host -> device, queued on `stream` (the consumers that follow on it see the bytes); returns
 // once `src` may be reused.
 void to_device(void* dst, const void* src, std::size_t bytes, int device, std::uintptr_t stream);
+// Waits for the work queued on `stream` of `device` (and surfaces its asynchronous errors).
+void synchronize(int device, std::uintptr_t stream);
+// Bytes of `device`'s memory that are free now (cudaMemGetInfo), for callers that refuse a
+// problem before allocating it.
+std::size_t free_bytes(int device);
 
 }  // namespace magi::device

@@ -80,6 +80,18 @@ void to_device(void* dst, const void* src, std::size_t bytes, int device, std::u
   copy_now(dst, src, bytes, device, stream, cudaMemcpyHostToDevice, "host to device copy");
 }
 
+void synchronize(int device, std::uintptr_t stream) {
+  on(device);
+  ok(cudaStreamSynchronize(as_stream(stream)), "cudaStreamSynchronize");
+}
+
+std::size_t free_bytes(int device) {
+  on(device);
+  std::size_t free = 0, total = 0;
+  ok(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
+  return free;
+}
+
 Event::Event(int device) : device_(device) {
   on(device);
   cudaEvent_t e = nullptr;
@@ -130,6 +142,8 @@ void to_host(void*, const void*, std::size_t bytes, int, std::uintptr_t) {
 void to_device(void*, const void*, std::size_t bytes, int, std::uintptr_t) {
   if (bytes != 0) no_cuda("host to device copy");
 }
+void synchronize(int, std::uintptr_t) { no_cuda("synchronize"); }
+std::size_t free_bytes(int) { no_cuda("memory query"); }
 Event::Event(int device) : device_(device) { no_cuda("event"); }
 Event::~Event() = default;
 void Event::record(std::uintptr_t) { no_cuda("event"); }

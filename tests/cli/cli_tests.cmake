@@ -190,3 +190,55 @@ if(TARGET magi_runtime AND TARGET magi_comm_mpi)
                        cli.mpi_one_rank_fails cli.mpi_uneven PROPERTIES TIMEOUT 60 PROCESSORS 2
                        ENVIRONMENT "${MAGI_MPI_TEST_ENV}")
 endif()
+
+# --device and --comm (apps/magiattn/device_run.h). These run everywhere: a CPU run with 16-bit
+# inputs, and --comm nccl on the cpu refused naming both flags.
+magi_cli_test(run_device_cpu_bf16 0 "problem .* bf16, cpu, .*result +PASS" run --device cpu
+              --dtype bf16 --seqlen 1024 --head-dim 64)
+string(CONCAT nccl_cpu_re "magiattn: error: --comm nccl: NCCL moves GPU rows, but this run "
+              "is on the cpu \\(--device cpu\\)")
+magi_cli_test(comm_nccl_on_cpu 2 "${nccl_cpu_re}" run --device cpu --comm nccl --seqlen 256)
+magi_cli_test(bad_device 2 "magiattn: error: .*--device.*tpu" run --device tpu)
+if(NOT MAGI_ENABLE_CUDA)
+  # A build without the GPU kernels (CI): auto is the cpu, and cuda says why it cannot be.
+  # Only here, where the answer does not depend on the machine having a GPU.
+  magi_cli_test(device_cuda_without_kernels 2
+                "magiattn: error: --device cuda: this build of magiattn has no GPU kernels" run
+                --device cuda --seqlen 256)
+  magi_cli_test(device_auto_is_cpu 0 "problem .* fp32, cpu, .*result +PASS" run --seqlen 1024
+                --head-dim 64)
+else()
+  # GPU runs (label gpu, as tests/gpu): skipped where `--device cuda` finds no usable GPU,
+  # which it reports before allocating anything.
+  set(cli_no_gpu "--device cuda: (no CUDA device is visible|cuda:0 .* is sm_)")
+  # magi_cli_gpu_test(name pass_regex args...): `magiattn args` under CTest's regexes.
+  function(magi_cli_gpu_test name pass_regex)
+    add_test(NAME cli.${name} COMMAND magiattn ${ARGN})
+    set_tests_properties(cli.${name} PROPERTIES LABELS gpu TIMEOUT 600
+                         PASS_REGULAR_EXPRESSION "${pass_regex}"
+                         FAIL_REGULAR_EXPRESSION "result +FAIL;internal error"
+                         SKIP_REGULAR_EXPRESSION "${cli_no_gpu};cannot load libnccl")
+  endfunction()
+  magi_cli_gpu_test(gpu_run "problem .* bf16, cuda:[0-9]+ .*result +PASS" run --device cuda
+                    --seqlen 4096)
+  magi_cli_gpu_test(gpu_run_fp16_json "\"device\":\"cuda:[0-9]+ .*\"pass\":true" run --device
+                    cuda --dtype fp16 --seqlen 2048 --json)
+  if(TARGET magi_runtime AND TARGET magi_comm_mpi)
+    # Two ranks on one GPU over MPI (device rows staged through the host).
+    magi_cli_gpu_test(gpu_run_ranks2_mpi
+                      "ranks +2 \\(MPI staging GPU rows through the host.*result +PASS" run
+                      --ranks 2 --device cuda --comm mpi --seqlen 4096)
+    set_tests_properties(cli.gpu_run_ranks2_mpi PROPERTIES PROCESSORS 2
+                         ENVIRONMENT "${MAGI_MPI_TEST_ENV};CUDA_VISIBLE_DEVICES=0")
+  endif()
+  if(TARGET magi_comm_nccl AND TARGET magi_runtime AND TARGET magi_comm_mpi)
+    magi_cli_gpu_test(gpu_run_nccl_np1 "ranks +1 \\(NCCL.*result +PASS" run --ranks 1 --device
+                      cuda --comm nccl --seqlen 4096)
+    # Two ranks on one visible GPU: refused before any rank starts or NCCL is called.
+    magi_cli_gpu_test(gpu_nccl_two_ranks_one_gpu
+                      "magiattn: error: --comm nccl: NCCL needs one GPU per rank: 2 ranks, 1 GPUs"
+                      run --ranks 2 --device cuda --comm nccl --seqlen 4096)
+    set_tests_properties(cli.gpu_run_nccl_np1 cli.gpu_nccl_two_ranks_one_gpu PROPERTIES
+                         ENVIRONMENT "${MAGI_MPI_TEST_ENV};CUDA_VISIBLE_DEVICES=0")
+  endif()
+endif()
