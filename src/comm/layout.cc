@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <string>
 
 #include "magi/error.h"
 #include "magi/numeric.h"
@@ -44,16 +45,12 @@ void check_rank_set(const char* op, const char* what, std::size_t split,
   }
 }
 
-}  // namespace
-
-ExchangeLayout cast_layout(int rank, int size, std::int64_t input_rows,
+ExchangeLayout cast_layout(const char* kOp, int size, std::int64_t input_rows,
                            std::span<const std::int64_t> input_split_sizes,
                            std::span<const std::vector<std::int32_t>> dst_ranks,
                            std::int64_t output_rows,
                            std::span<const std::int64_t> output_split_sizes,
                            std::span<const std::int32_t> src_rank) {
-  (void)rank;
-  constexpr const char* kOp = "group_cast";
   check_splits(kOp, "input", input_split_sizes, dst_ranks.size(), "dst_ranks", input_rows);
   check_splits(kOp, "output", output_split_sizes, src_rank.size(), "src_rank", output_rows);
   ExchangeLayout layout{std::vector<std::vector<RowRange>>(std::size_t(size)),
@@ -76,13 +73,11 @@ ExchangeLayout cast_layout(int rank, int size, std::int64_t input_rows,
   return layout;
 }
 
-ExchangeLayout reduce_layout(int rank, int size, std::int64_t input_rows,
+ExchangeLayout reduce_layout(const char* kOp, int size, std::int64_t input_rows,
                              std::span<const std::int64_t> input_split_sizes,
                              std::span<const std::int32_t> dst_rank, std::int64_t output_rows,
                              std::span<const std::int64_t> output_split_sizes,
                              std::span<const std::vector<std::int32_t>> src_ranks, ReduceOp op) {
-  (void)rank;
-  constexpr const char* kOp = "group_reduce";
   check_splits(kOp, "input", input_split_sizes, dst_rank.size(), "dst_rank", input_rows);
   check_splits(kOp, "output", output_split_sizes, src_ranks.size(), "src_ranks", output_rows);
   ExchangeLayout layout{std::vector<std::vector<RowRange>>(std::size_t(size)),
@@ -108,18 +103,7 @@ ExchangeLayout reduce_layout(int rank, int size, std::int64_t input_rows,
   return layout;
 }
 
-std::int64_t total_rows(std::span<const RowRange> ranges) {
-  std::int64_t n = 0;
-  for (const RowRange& r : ranges) n += r.count;
-  return n;
-}
-
-std::int64_t message_row_bytes(std::span<const Rows> columns) {
-  std::int64_t n = 0;
-  for (const Rows& c : columns) n += c.row_bytes();
-  return n;
-}
-
+// Columns must share num_rows; reductions need fp32/fp64 (lse: out and lse the same dtype).
 void check_columns(std::span<const Rows> columns, const char* what, bool reduce) {
   for (const Rows& c : columns) {
     MAGI_CHECK(c.num_rows >= 0 && c.row_elems >= 0, what, ": negative buffer shape [",
@@ -133,6 +117,118 @@ void check_columns(std::span<const Rows> columns, const char* what, bool reduce)
     MAGI_CHECK(c.dtype == columns[0].dtype || !reduce, what, ": out is ",
                dtype_name(columns[0].dtype), " but lse is ", dtype_name(c.dtype));
   }
+}
+
+void check_same_rows(const char* op, const Rows& in, const Rows& out) {
+  MAGI_CHECK(in.dtype == out.dtype && in.row_elems == out.row_elems, op, ": input rows are ",
+             in.row_elems, " x ", dtype_name(in.dtype), " but output rows are ", out.row_elems,
+             " x ", dtype_name(out.dtype));
+}
+
+void check_counts(const char* op, int size, std::span<const std::int64_t> counts) {
+  MAGI_CHECK(std::int64_t(counts.size()) == size, op, ": ", counts.size(), " counts for ", size,
+             " ranks");
+}
+
+std::vector<std::int32_t> every_rank(int size) {
+  std::vector<std::int32_t> r(static_cast<std::size_t>(size));
+  for (int i = 0; i < size; ++i) r[std::size_t(i)] = i;
+  return r;
+}
+
+}  // namespace
+
+ExchangeLayout group_cast_layout(const char* op, int rank, int size, const Rows& input,
+                                 std::span<const std::int64_t> input_split_sizes,
+                                 std::span<const std::vector<std::int32_t>> dst_ranks,
+                                 const Rows& output,
+                                 std::span<const std::int64_t> output_split_sizes,
+                                 std::span<const std::int32_t> src_rank) {
+  (void)rank;
+  check_columns({&input, 1}, (std::string(op) + " input").c_str(), false);
+  check_columns({&output, 1}, (std::string(op) + " output").c_str(), false);
+  MAGI_CHECK(input.row_bytes() == output.row_bytes(), op, ": input rows are ", input.row_bytes(),
+             " bytes but output rows are ", output.row_bytes());
+  return cast_layout(op, size, input.num_rows, input_split_sizes, dst_ranks, output.num_rows,
+                     output_split_sizes, src_rank);
+}
+
+ExchangeLayout group_reduce_layout(int rank, int size, const Rows& input,
+                                   std::span<const std::int64_t> input_split_sizes,
+                                   std::span<const std::int32_t> dst_rank, const Rows& output,
+                                   std::span<const std::int64_t> output_split_sizes,
+                                   std::span<const std::vector<std::int32_t>> src_ranks,
+                                   ReduceOp op) {
+  (void)rank;
+  MAGI_CHECK(op == ReduceOp::kSum || op == ReduceOp::kAvg, "group_reduce: op ",
+             reduce_op_name(op), " is not sum or avg (use group_reduce_lse for lse)");
+  check_columns({&input, 1}, "group_reduce input", true);
+  check_columns({&output, 1}, "group_reduce output", true);
+  check_same_rows("group_reduce", input, output);
+  return reduce_layout("group_reduce", size, input.num_rows, input_split_sizes, dst_rank,
+                       output.num_rows, output_split_sizes, src_ranks, op);
+}
+
+ExchangeLayout group_reduce_lse_layout(int rank, int size, std::span<const Rows, 2> in,
+                                       std::span<const std::int64_t> input_split_sizes,
+                                       std::span<const std::int32_t> dst_rank,
+                                       std::span<const Rows, 2> out,
+                                       std::span<const std::int64_t> output_split_sizes,
+                                       std::span<const std::vector<std::int32_t>> src_ranks) {
+  (void)rank;
+  check_columns(in, "group_reduce_lse input", true);
+  check_columns(out, "group_reduce_lse output", true);
+  MAGI_CHECK(in[0].dtype == out[0].dtype && in[0].row_elems == out[0].row_elems &&
+                 in[1].row_elems == out[1].row_elems,
+             "group_reduce_lse: input and output rows differ in shape or dtype");
+  MAGI_CHECK(out[1].row_elems > 0 && out[0].row_elems % out[1].row_elems == 0,
+             "group_reduce_lse: out rows of ", out[0].row_elems,
+             " elements are not heads x d for ", out[1].row_elems, " lse heads");
+  return reduce_layout("group_reduce_lse", size, in[0].num_rows, input_split_sizes, dst_rank,
+                       out[0].num_rows, output_split_sizes, src_ranks, ReduceOp::kLseMerge);
+}
+
+ExchangeLayout all_gather_v_layout(int rank, int size, const Rows& input, const Rows& output,
+                                   std::span<const std::int64_t> counts) {
+  check_counts("all_gather_v", size, counts);
+  const std::vector<std::int32_t> everyone = every_rank(size);
+  const std::int64_t mine = counts[std::size_t(rank)];
+  const std::vector<std::vector<std::int32_t>> dst{everyone};
+  return group_cast_layout("all_gather_v", rank, size, input, std::span(&mine, 1), dst, output,
+                           counts, everyone);
+}
+
+ExchangeLayout reduce_scatter_layout(int rank, int size, const Rows& input, const Rows& output,
+                                     std::span<const std::int64_t> counts) {
+  check_counts("reduce_scatter", size, counts);
+  check_columns({&input, 1}, "reduce_scatter input", true);
+  check_columns({&output, 1}, "reduce_scatter output", true);
+  check_same_rows("reduce_scatter", input, output);
+  const std::int64_t mine = counts[std::size_t(rank)];
+  MAGI_CHECK(output.num_rows >= mine, "reduce_scatter: output has ", output.num_rows,
+             " rows but rank ", rank, " owns ", mine);
+  const std::vector<std::int32_t> owner = every_rank(size);
+  const std::vector<std::vector<std::int32_t>> src{owner};
+  return reduce_layout("reduce_scatter", size, input.num_rows, counts, owner, output.num_rows,
+                       std::span(&mine, 1), src, ReduceOp::kSum);
+}
+
+void check_all_reduce(const Rows& data, ReduceOp op) {
+  MAGI_CHECK(op == ReduceOp::kSum || op == ReduceOp::kMax, "all_reduce: op ",
+             reduce_op_name(op), " is not sum or max");
+  check_columns({&data, 1}, "all_reduce", true);
+}
+
+std::int64_t total_rows(std::span<const RowRange> ranges) {
+  std::int64_t n = 0;
+  for (const RowRange& r : ranges) n += r.count;
+  return n;
+}
+
+std::int64_t message_row_bytes(std::span<const Rows> columns) {
+  std::int64_t n = 0;
+  for (const Rows& c : columns) n += c.row_bytes();
+  return n;
 }
 
 std::vector<std::byte> pack(std::span<const Rows> columns, std::span<const RowRange> ranges) {

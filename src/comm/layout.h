@@ -28,18 +28,36 @@ struct ExchangeLayout {
   std::vector<std::vector<RowRange>> recv;  // [peer]
 };
 
-ExchangeLayout cast_layout(int rank, int size, std::int64_t input_rows,
-                           std::span<const std::int64_t> input_split_sizes,
-                           std::span<const std::vector<std::int32_t>> dst_ranks,
-                           std::int64_t output_rows,
-                           std::span<const std::int64_t> output_split_sizes,
-                           std::span<const std::int32_t> src_rank);
-
-ExchangeLayout reduce_layout(int rank, int size, std::int64_t input_rows,
-                             std::span<const std::int64_t> input_split_sizes,
-                             std::span<const std::int32_t> dst_rank, std::int64_t output_rows,
-                             std::span<const std::int64_t> output_split_sizes,
-                             std::span<const std::vector<std::int32_t>> src_ranks, ReduceOp op);
+// Each group collective's argument checks and layout, one definition for every backend (an
+// input fails alike on MPI and NCCL, naming the operation). `op` names a group_cast in errors
+// (all_gather_v is one).
+ExchangeLayout group_cast_layout(const char* op, int rank, int size, const Rows& input,
+                                 std::span<const std::int64_t> input_split_sizes,
+                                 std::span<const std::vector<std::int32_t>> dst_ranks,
+                                 const Rows& output,
+                                 std::span<const std::int64_t> output_split_sizes,
+                                 std::span<const std::int32_t> src_rank);
+ExchangeLayout group_reduce_layout(int rank, int size, const Rows& input,
+                                   std::span<const std::int64_t> input_split_sizes,
+                                   std::span<const std::int32_t> dst_rank, const Rows& output,
+                                   std::span<const std::int64_t> output_split_sizes,
+                                   std::span<const std::vector<std::int32_t>> src_ranks,
+                                   ReduceOp op);
+// in, out: {out rows, lse rows}.
+ExchangeLayout group_reduce_lse_layout(int rank, int size, std::span<const Rows, 2> in,
+                                       std::span<const std::int64_t> input_split_sizes,
+                                       std::span<const std::int32_t> dst_rank,
+                                       std::span<const Rows, 2> out,
+                                       std::span<const std::int64_t> output_split_sizes,
+                                       std::span<const std::vector<std::int32_t>> src_ranks);
+// Every rank's counts[r] rows to every rank, in rank order (a group_cast).
+ExchangeLayout all_gather_v_layout(int rank, int size, const Rows& input, const Rows& output,
+                                   std::span<const std::int64_t> counts);
+// Rank r receives (and sums, ascending source rank) rows [sum(counts[:r]), +counts[r]) of
+// every rank's input into its first counts[r] output rows.
+ExchangeLayout reduce_scatter_layout(int rank, int size, const Rows& input, const Rows& output,
+                                     std::span<const std::int64_t> counts);
+void check_all_reduce(const Rows& data, ReduceOp op);
 
 std::int64_t total_rows(std::span<const RowRange> ranges);
 
@@ -51,7 +69,5 @@ enum class Combine : std::uint8_t { kCopy, kSum, kMax, kLseMerge };
 void combine(std::span<const Rows> columns, std::span<const std::byte> message,
              std::span<const RowRange> ranges, Combine how);
 
-// Columns must share num_rows; reductions need fp32/fp64 (lse: out and lse the same dtype).
-void check_columns(std::span<const Rows> columns, const char* what, bool reduce);
 
 }  // namespace magi::comm

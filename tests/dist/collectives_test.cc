@@ -62,6 +62,28 @@ TEST(Collectives, ReduceScatterSumUneven) {
     ASSERT_EQ(out[std::size_t(i)], float(100 * p * (p + 1) / 2 + p * (offset * kCols + i))) << "element " << i;
 }
 
+// Checked before anything moves, on every rank alike (comm/layout.cc: one definition for MPI
+// and NCCL): the error names the operation and both row shapes.
+TEST(Collectives, ReduceScatterRejectsMismatchedRows) {
+  auto& w = world();
+  const std::vector<std::int64_t> counts(std::size_t(w.size()), 1);
+  const std::size_t n = std::size_t(w.size() * kCols);
+  std::vector<double> in(n), out(n);
+  try {
+    w.reduce_scatter({in.data(), w.size(), kCols, DType::kF64},
+                     {out.data(), 1, kCols / 2, DType::kF64}, counts);
+    ADD_FAILURE() << "reduce_scatter took output rows of another width";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("reduce_scatter: input rows are"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(w.all_gather_v({in.data(), 1, kCols, DType::kF64},
+                              {out.data(), w.size(), kCols, DType::kF64},
+                              std::vector<std::int64_t>(std::size_t(w.size()) + 1, 1)),
+               Error);
+  EXPECT_NO_THROW(w.barrier());
+}
+
 TEST(Collectives, AllReduceSumMaxAndSameBitsEverywhere) {
   auto& w = world();
   std::vector<double> sum{double(w.rank()), 1.0, 0.1 * (w.rank() + 1)};

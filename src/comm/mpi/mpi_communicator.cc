@@ -208,10 +208,6 @@ Messages pack_messages(const ExchangeLayout& layout, std::span<const Rows> in_co
   return m;
 }
 
-void check_row_bytes(const char* op, std::int64_t in, std::int64_t out) {
-  MAGI_CHECK(in == out, op, ": input rows are ", in, " bytes but output rows are ", out);
-}
-
 }  // namespace
 
 MpiCommunicator::MpiCommunicator(MPI_Comm comm) {
@@ -293,6 +289,22 @@ void MpiCommunicator::keep_alive(Buffers buffers) {
     if (!b.empty()) orphans_.push_back(std::move(b));
 }
 
+namespace {
+
+// A group_cast's messages posted (group_cast, all_gather_v): copies land in `output`.
+WorkPtr post_cast(MpiCommunicator& c, const ExchangeLayout& layout, const char* op,
+                  const Rows& input, const Rows& output) {
+  Messages m = pack_messages(layout, {&input, 1}, {&output, 1});
+  return std::make_unique<ExchangeWork>(
+      c, op, std::move(m.send), std::move(m.recv_bytes),
+      [output, recv = layout.recv](Buffers& got) {
+        for (std::size_t p = 0; p < got.size(); ++p)
+          combine({&output, 1}, got[p], recv[p], Combine::kCopy);
+      });
+}
+
+}  // namespace
+
 WorkPtr MpiCommunicator::group_cast(const Rows& input,
                                     std::span<const std::int64_t> input_split_sizes,
                                     std::span<const std::vector<std::int32_t>> dst_ranks,
@@ -300,19 +312,10 @@ WorkPtr MpiCommunicator::group_cast(const Rows& input,
                                     std::span<const std::int64_t> output_split_sizes,
                                     std::span<const std::int32_t> src_rank) {
   check_usable("group_cast");
-  check_columns({&input, 1}, "group_cast input", false);
-  check_columns({&output, 1}, "group_cast output", false);
-  check_row_bytes("group_cast", input.row_bytes(), output.row_bytes());
-  const ExchangeLayout layout = cast_layout(rank_, size_, input.num_rows, input_split_sizes,
-                                            dst_ranks, output.num_rows, output_split_sizes,
-                                            src_rank);
-  Messages m = pack_messages(layout, {&input, 1}, {&output, 1});
-  return std::make_unique<ExchangeWork>(
-      *this, "group_cast", std::move(m.send), std::move(m.recv_bytes),
-      [output, recv = layout.recv](Buffers& got) {
-        for (std::size_t p = 0; p < got.size(); ++p)
-          combine({&output, 1}, got[p], recv[p], Combine::kCopy);
-      });
+  return post_cast(*this,
+                   group_cast_layout("group_cast", rank_, size_, input, input_split_sizes,
+                                     dst_ranks, output, output_split_sizes, src_rank),
+                   "group_cast", input, output);
 }
 
 WorkPtr MpiCommunicator::group_reduce(const Rows& input,
@@ -322,16 +325,9 @@ WorkPtr MpiCommunicator::group_reduce(const Rows& input,
                                       std::span<const std::vector<std::int32_t>> src_ranks,
                                       ReduceOp op) {
   check_usable("group_reduce");
-  MAGI_CHECK(op == ReduceOp::kSum || op == ReduceOp::kAvg, "group_reduce: op ",
-             reduce_op_name(op), " is not sum or avg (use group_reduce_lse for lse)");
-  check_columns({&input, 1}, "group_reduce input", true);
-  check_columns({&output, 1}, "group_reduce output", true);
-  MAGI_CHECK(input.dtype == output.dtype && input.row_elems == output.row_elems,
-             "group_reduce: input rows are ", input.row_elems, " x ", dtype_name(input.dtype),
-             " but output rows are ", output.row_elems, " x ", dtype_name(output.dtype));
   const ExchangeLayout layout =
-      reduce_layout(rank_, size_, input.num_rows, input_split_sizes, dst_rank, output.num_rows,
-                    output_split_sizes, src_ranks, op);
+      group_reduce_layout(rank_, size_, input, input_split_sizes, dst_rank, output,
+                          output_split_sizes, src_ranks, op);
   Messages m = pack_messages(layout, {&input, 1}, {&output, 1});
   return std::make_unique<ExchangeWork>(
       *this, "group_reduce", std::move(m.send), std::move(m.recv_bytes),
@@ -350,17 +346,9 @@ WorkPtr MpiCommunicator::group_reduce_lse(const Rows& input_out, const Rows& inp
   check_usable("group_reduce_lse");
   const Rows in[2] = {input_out, input_lse};
   const std::array<Rows, 2> out = {output_out, output_lse};
-  check_columns(in, "group_reduce_lse input", true);
-  check_columns(out, "group_reduce_lse output", true);
-  MAGI_CHECK(input_out.dtype == output_out.dtype && input_out.row_elems == output_out.row_elems &&
-                 input_lse.row_elems == output_lse.row_elems,
-             "group_reduce_lse: input and output rows differ in shape or dtype");
-  MAGI_CHECK(output_lse.row_elems > 0 && output_out.row_elems % output_lse.row_elems == 0,
-             "group_reduce_lse: out rows of ", output_out.row_elems,
-             " elements are not heads x d for ", output_lse.row_elems, " lse heads");
-  const ExchangeLayout layout =
-      reduce_layout(rank_, size_, input_out.num_rows, input_split_sizes, dst_rank,
-                    output_out.num_rows, output_split_sizes, src_ranks, ReduceOp::kLseMerge);
+  const ExchangeLayout layout = group_reduce_lse_layout(
+      rank_, size_, std::span<const Rows, 2>(in), input_split_sizes, dst_rank, out,
+      output_split_sizes, src_ranks);
   Messages m = pack_messages(layout, in, out);
   return std::make_unique<ExchangeWork>(
       *this, "group_reduce_lse", std::move(m.send), std::move(m.recv_bytes),
@@ -373,32 +361,15 @@ WorkPtr MpiCommunicator::group_reduce_lse(const Rows& input_out, const Rows& inp
 WorkPtr MpiCommunicator::all_gather_v(const Rows& input, const Rows& output,
                                       std::span<const std::int64_t> counts) {
   check_usable("all_gather_v");
-  MAGI_CHECK(std::int64_t(counts.size()) == size_, "all_gather_v: ", counts.size(),
-             " counts for ", size_, " ranks");
-  std::vector<std::int32_t> everyone(static_cast<std::size_t>(size_));
-  for (int r = 0; r < size_; ++r) everyone[std::size_t(r)] = r;
-  const std::int64_t mine = counts[std::size_t(rank_)];
-  const std::vector<std::vector<std::int32_t>> dst{everyone};
-  auto work = group_cast(input, std::span(&mine, 1), dst, output, counts, everyone);
-  return work;
+  return post_cast(*this, all_gather_v_layout(rank_, size_, input, output, counts),
+                   "all_gather_v", input, output);
 }
 
 WorkPtr MpiCommunicator::reduce_scatter(const Rows& input, const Rows& output,
                                         std::span<const std::int64_t> counts) {
   check_usable("reduce_scatter");
-  MAGI_CHECK(std::int64_t(counts.size()) == size_, "reduce_scatter: ", counts.size(),
-             " counts for ", size_, " ranks");
-  check_columns({&input, 1}, "reduce_scatter input", true);
-  check_columns({&output, 1}, "reduce_scatter output", true);
-  std::vector<std::int32_t> owner(static_cast<std::size_t>(size_));
-  for (int r = 0; r < size_; ++r) owner[std::size_t(r)] = r;
+  const ExchangeLayout layout = reduce_scatter_layout(rank_, size_, input, output, counts);
   const std::int64_t mine = counts[std::size_t(rank_)];
-  const std::vector<std::vector<std::int32_t>> src{owner};
-  MAGI_CHECK(output.num_rows >= mine, "reduce_scatter: output has ", output.num_rows,
-             " rows but rank ", rank_, " owns ", mine);
-  const ExchangeLayout layout = reduce_layout(rank_, size_, input.num_rows, counts, owner,
-                                              output.num_rows, std::span(&mine, 1), src,
-                                              ReduceOp::kSum);
   Messages m = pack_messages(layout, {&input, 1}, {&output, 1});
   return std::make_unique<ExchangeWork>(
       *this, "reduce_scatter", std::move(m.send), std::move(m.recv_bytes),
@@ -411,9 +382,7 @@ WorkPtr MpiCommunicator::reduce_scatter(const Rows& input, const Rows& output,
 
 WorkPtr MpiCommunicator::all_reduce(const Rows& data, ReduceOp op) {
   check_usable("all_reduce");
-  MAGI_CHECK(op == ReduceOp::kSum || op == ReduceOp::kMax, "all_reduce: op ",
-             reduce_op_name(op), " is not sum or max");
-  check_columns({&data, 1}, "all_reduce", true);
+  check_all_reduce(data, op);
   // Every rank gathers all contributions and folds them in rank order, so all ranks hold the
   // same bits (a tree would differ by rank). Bytes move P times; fine at dispatch sizes.
   const std::vector<RowRange> whole{{0, data.num_rows}};

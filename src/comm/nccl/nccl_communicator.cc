@@ -175,10 +175,6 @@ class NcclWork final : public Work {
   std::vector<cudaStream_t> streams_;
 };
 
-void check_row_bytes(const char* op, std::int64_t in, std::int64_t out) {
-  MAGI_CHECK(in == out, op, ": input rows are ", in, " bytes but output rows are ", out);
-}
-
 // The kernel launches of one operation, and their segment tables in one host buffer that is
 // uploaded once.
 class Launches {
@@ -634,32 +630,20 @@ WorkPtr NcclCommunicator::post(const Exchange& x) {
   return std::make_unique<NcclWork>(*this, std::move(op), std::move(streams));
 }
 
-WorkPtr NcclCommunicator::cast(const char* op, const Rows& input,
-                               std::span<const std::int64_t> input_split_sizes,
-                               std::span<const std::vector<std::int32_t>> dst_ranks,
-                               const Rows& output, std::span<const std::int64_t> output_split_sizes,
-                               std::span<const std::int32_t> src_rank) {
-  check_usable(op);
-  check_columns({&input, 1}, "group_cast input", false);
-  check_columns({&output, 1}, "group_cast output", false);
-  check_row_bytes(op, input.row_bytes(), output.row_bytes());
-  Exchange x;
-  x.op = op;
-  x.in = {input};
-  x.out = {output};
-  x.layout = cast_layout(rank_, size_, input.num_rows, input_split_sizes, dst_ranks,
-                         output.num_rows, output_split_sizes, src_rank);
-  return post(x);
-}
-
 WorkPtr NcclCommunicator::group_cast(const Rows& input,
                                      std::span<const std::int64_t> input_split_sizes,
                                      std::span<const std::vector<std::int32_t>> dst_ranks,
                                      const Rows& output,
                                      std::span<const std::int64_t> output_split_sizes,
                                      std::span<const std::int32_t> src_rank) {
-  return cast("group_cast", input, input_split_sizes, dst_ranks, output, output_split_sizes,
-              src_rank);
+  check_usable("group_cast");
+  Exchange x;
+  x.op = "group_cast";
+  x.in = {input};
+  x.out = {output};
+  x.layout = group_cast_layout("group_cast", rank_, size_, input, input_split_sizes, dst_ranks,
+                               output, output_split_sizes, src_rank);
+  return post(x);
 }
 
 WorkPtr NcclCommunicator::group_reduce(const Rows& input,
@@ -669,20 +653,13 @@ WorkPtr NcclCommunicator::group_reduce(const Rows& input,
                                        std::span<const std::vector<std::int32_t>> src_ranks,
                                        ReduceOp op) {
   check_usable("group_reduce");
-  MAGI_CHECK(op == ReduceOp::kSum || op == ReduceOp::kAvg, "group_reduce: op ",
-             reduce_op_name(op), " is not sum or avg (use group_reduce_lse for lse)");
-  check_columns({&input, 1}, "group_reduce input", true);
-  check_columns({&output, 1}, "group_reduce output", true);
-  MAGI_CHECK(input.dtype == output.dtype && input.row_elems == output.row_elems,
-             "group_reduce: input rows are ", input.row_elems, " x ", dtype_name(input.dtype),
-             " but output rows are ", output.row_elems, " x ", dtype_name(output.dtype));
   Exchange x;
   x.op = "group_reduce";
   x.in = {input};
   x.out = {output};
   x.how = Combine::kSum;  // kAvg: the layout's scales
-  x.layout = reduce_layout(rank_, size_, input.num_rows, input_split_sizes, dst_rank,
-                           output.num_rows, output_split_sizes, src_ranks, op);
+  x.layout = group_reduce_layout(rank_, size_, input, input_split_sizes, dst_rank, output,
+                                 output_split_sizes, src_ranks, op);
   return post(x);
 }
 
@@ -697,64 +674,41 @@ WorkPtr NcclCommunicator::group_reduce_lse(const Rows& input_out, const Rows& in
   x.op = "group_reduce_lse";
   x.in = {input_out, input_lse};
   x.out = {output_out, output_lse};
-  check_columns(x.in, "group_reduce_lse input", true);
-  check_columns(x.out, "group_reduce_lse output", true);
-  MAGI_CHECK(input_out.dtype == output_out.dtype && input_out.row_elems == output_out.row_elems &&
-                 input_lse.row_elems == output_lse.row_elems,
-             "group_reduce_lse: input and output rows differ in shape or dtype");
-  MAGI_CHECK(output_lse.row_elems > 0 && output_out.row_elems % output_lse.row_elems == 0,
-             "group_reduce_lse: out rows of ", output_out.row_elems,
-             " elements are not heads x d for ", output_lse.row_elems, " lse heads");
   x.how = Combine::kLseMerge;
-  x.layout = reduce_layout(rank_, size_, input_out.num_rows, input_split_sizes, dst_rank,
-                           output_out.num_rows, output_split_sizes, src_ranks, ReduceOp::kLseMerge);
+  x.layout = group_reduce_lse_layout(rank_, size_, std::span<const Rows, 2>(x.in.data(), 2),
+                                     input_split_sizes, dst_rank,
+                                     std::span<const Rows, 2>(x.out.data(), 2),
+                                     output_split_sizes, src_ranks);
   return post(x);
 }
 
 WorkPtr NcclCommunicator::all_gather_v(const Rows& input, const Rows& output,
                                        std::span<const std::int64_t> counts) {
   check_usable("all_gather_v");
-  MAGI_CHECK(std::int64_t(counts.size()) == size_, "all_gather_v: ", counts.size(),
-             " counts for ", size_, " ranks");
-  std::vector<std::int32_t> everyone(static_cast<std::size_t>(size_));
-  for (int r = 0; r < size_; ++r) everyone[std::size_t(r)] = r;
-  const std::int64_t mine = counts[std::size_t(rank_)];
-  const std::vector<std::vector<std::int32_t>> dst{everyone};
-  return cast("all_gather_v", input, std::span(&mine, 1), dst, output, counts, everyone);
+  Exchange x;
+  x.op = "all_gather_v";
+  x.in = {input};
+  x.out = {output};
+  x.layout = all_gather_v_layout(rank_, size_, input, output, counts);
+  return post(x);
 }
 
 WorkPtr NcclCommunicator::reduce_scatter(const Rows& input, const Rows& output,
                                          std::span<const std::int64_t> counts) {
   check_usable("reduce_scatter");
-  MAGI_CHECK(std::int64_t(counts.size()) == size_, "reduce_scatter: ", counts.size(),
-             " counts for ", size_, " ranks");
-  check_columns({&input, 1}, "reduce_scatter input", true);
-  check_columns({&output, 1}, "reduce_scatter output", true);
-  MAGI_CHECK(input.dtype == output.dtype && input.row_elems == output.row_elems,
-             "reduce_scatter: input rows are ", input.row_elems, " x ", dtype_name(input.dtype),
-             " but output rows are ", output.row_elems, " x ", dtype_name(output.dtype));
-  std::vector<std::int32_t> owner(static_cast<std::size_t>(size_));
-  for (int r = 0; r < size_; ++r) owner[std::size_t(r)] = r;
-  const std::int64_t mine = counts[std::size_t(rank_)];
-  MAGI_CHECK(output.num_rows >= mine, "reduce_scatter: output has ", output.num_rows,
-             " rows but rank ", rank_, " owns ", mine);
-  const std::vector<std::vector<std::int32_t>> src{owner};
   Exchange x;
   x.op = "reduce_scatter";
   x.in = {input};
   x.out = {output};
   x.how = Combine::kSum;
-  x.zero_rows = mine;  // as comm/mpi: 0 + c0 + c1 ... (not c0 + c1: -0.0 differs)
-  x.layout = reduce_layout(rank_, size_, input.num_rows, counts, owner, output.num_rows,
-                           std::span(&mine, 1), src, ReduceOp::kSum);
+  x.layout = reduce_scatter_layout(rank_, size_, input, output, counts);
+  x.zero_rows = counts[std::size_t(rank_)];  // as comm/mpi: 0 + c0 + c1 ... (-0.0 differs)
   return post(x);
 }
 
 WorkPtr NcclCommunicator::all_reduce(const Rows& data, ReduceOp op) {
   check_usable("all_reduce");
-  MAGI_CHECK(op == ReduceOp::kSum || op == ReduceOp::kMax, "all_reduce: op ",
-             reduce_op_name(op), " is not sum or max");
-  check_columns({&data, 1}, "all_reduce", true);
+  check_all_reduce(data, op);
   // As comm/mpi: every rank receives every contribution and folds them in rank order (rank 0's
   // copied, the others combined), so all ranks hold the same bits; bytes move P times.
   Exchange x;

@@ -100,10 +100,6 @@ class NcclCommunicator final : public Communicator {
     bool first_copies = false;   // all_reduce: rank 0's contribution is copied, then combined
   };
   WorkPtr post(const Exchange& x);
-  WorkPtr cast(const char* op, const Rows& input, std::span<const std::int64_t> input_split_sizes,
-               std::span<const std::vector<std::int32_t>> dst_ranks, const Rows& output,
-               std::span<const std::int64_t> output_split_sizes,
-               std::span<const std::int32_t> src_rank);
   // Posting-side NCCL: polls a non-blocking call to completion against `deadline`; on failure
   // aborts (api_mutex_ held) and throws naming `what`.
   void nccl_ok(ncclResult_t r, const std::string& what,
