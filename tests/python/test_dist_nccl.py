@@ -18,6 +18,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.join(HERE, "..", "..")
 WORKER = os.path.join(HERE, "torchrun_worker.py")
 EXAMPLE = os.path.join(ROOT, "examples", "dist_attn_torchrun.py")
+TRAIN_STEP = os.path.join(ROOT, "examples", "dist_train_step_torchrun.py")
 HAS_DIST = importlib.util.find_spec("magiattn._dist") is not None
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 
@@ -177,6 +178,11 @@ def torchrun(*args):
 def test_torchrun_worker_matches_one_gpu(nccl_gpu, backend):
     out, log = torchrun(WORKER, backend)
     assert f"rank 0: PASS {backend}" in out, log
+
+
+def test_torchrun_training_step_example(nccl_gpu):
+    out, log = torchrun(TRAIN_STEP)
+    assert "1 GPUs, 16384 tokens" in out and out.strip().endswith("OK"), log
 
 
 def test_torchrun_example(nccl_gpu):
