@@ -32,6 +32,9 @@ std::string rate(const RunFlags& f, double flops, double s) {
                 : fmt("  %8.2f GFLOP/s", flops / s / 1e9);
 }
 
+// Seconds, or milliseconds below one second (a GPU call takes a few).
+std::string duration(double s) { return s >= 1 ? fmt("%.3f s", s) : fmt("%.3f ms", s * 1e3); }
+
 std::string bars(const Result& r) {
   if (r.grad_bar == r.bar) return fmt("%.0e", r.bar);
   return fmt("%.0e (out, lse), ", r.bar) + fmt("%.0e (dq, dk, dv)", r.grad_bar);
@@ -45,8 +48,8 @@ void print_table(const RunFlags& f, const NamedMask& m, const Result& r) {
             << ", " << f.dtype << ", " << device_text(f)
             << (f.softcap > 0 ? ", softcap " + fmt("%g", f.softcap) : "")
             << (f.sink > 0 ? ", sink " + std::to_string(f.sink) : "") << "\n"
-            << "forward     " << fmt("%.3f s", r.fwd_s) << rate(f, r.fwd_flops, r.fwd_s) << "\n"
-            << "backward    " << fmt("%.3f s", r.bwd_s) << rate(f, 2.5 * r.fwd_flops, r.bwd_s)
+            << "forward     " << duration(r.fwd_s) << rate(f, r.fwd_flops, r.fwd_s) << "\n"
+            << "backward    " << duration(r.bwd_s) << rate(f, 2.5 * r.fwd_flops, r.bwd_s)
             << "\n"
             << "checked     " << r.num_q_checked << " q rows, " << r.num_k_checked
             << " k rows against the fp64 oracle, bar " << bars(r) << "\n";
@@ -64,25 +67,28 @@ void print_table(const RunFlags& f, const NamedMask& m, const Result& r) {
               << "            (wait: time blocked on communication; comm: the same communication "
                  "alone, no compute; hidden = 1 - wait/comm)\n"
               << "rank    tokens          area   forward  backward     bytes in    bytes out"
-                 "  fwd wait/comm  hidden  bwd wait/comm  hidden\n";
+                 "  fwd wait/comm  hidden  bwd wait/comm  hidden   (times in "
+              << (f.cuda ? "ms" : "s") << ")\n";
+    const double unit = f.cuda ? 1e3 : 1;
     std::size_t slowest = 0;
     for (std::size_t i = 0; i < r.ranks.size(); ++i) {
       const auto& l = r.ranks[i];
       if (l.fwd_s + l.bwd_s > r.ranks[slowest].fwd_s + r.ranks[slowest].bwd_s) slowest = i;
       char line[256];
       std::snprintf(line, sizeof line,
-                    "%-4zu %9lld %13lld %8.3f s %8.3f s %12s %12s  %6.3f/%6.3f  %5.1f%%  "
+                    "%-4zu %9lld %13lld %10.3f %9.3f %12s %12s  %6.3f/%6.3f  %5.1f%%  "
                     "%6.3f/%6.3f  %5.1f%%\n",
-                    i, static_cast<long long>(l.tokens), static_cast<long long>(l.area), l.fwd_s,
-                    l.bwd_s, readable_bytes(l.bytes_in).c_str(),
-                    readable_bytes(l.bytes_out).c_str(), l.fwd_wait_s, l.fwd_comm_s,
-                    100 * l.fwd_hidden(), l.bwd_wait_s, l.bwd_comm_s, 100 * l.bwd_hidden());
+                    i, static_cast<long long>(l.tokens), static_cast<long long>(l.area),
+                    unit * l.fwd_s, unit * l.bwd_s, readable_bytes(l.bytes_in).c_str(),
+                    readable_bytes(l.bytes_out).c_str(), unit * l.fwd_wait_s,
+                    unit * l.fwd_comm_s, 100 * l.fwd_hidden(), unit * l.bwd_wait_s,
+                    unit * l.bwd_comm_s, 100 * l.bwd_hidden());
       std::cout << line;
     }
     std::cout << "slowest     rank " << slowest << ", "
-              << fmt("%.3f s", r.ranks[slowest].fwd_s + r.ranks[slowest].bwd_s)
-              << " (forward + backward); slowest forward " << fmt("%.3f s", r.fwd_s)
-              << ", slowest backward " << fmt("%.3f s", r.bwd_s) << "\n";
+              << duration(r.ranks[slowest].fwd_s + r.ranks[slowest].bwd_s)
+              << " (forward + backward); slowest forward " << duration(r.fwd_s)
+              << ", slowest backward " << duration(r.bwd_s) << "\n";
   }
   std::cout << "result      " << (r.pass ? "PASS" : "FAIL") << "\n";
 }

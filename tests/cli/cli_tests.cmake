@@ -210,7 +210,7 @@ if(NOT MAGI_ENABLE_CUDA)
 else()
   # GPU runs (label gpu, as tests/gpu): skipped where `--device cuda` finds no usable GPU,
   # which it reports before allocating anything.
-  set(cli_no_gpu "--device cuda: (no CUDA device is visible|cuda:0 .* is sm_)")
+  set(cli_no_gpu "--device cuda: (no CUDA device is visible|cuda:0 .* is sm_|no kernel for)")
   # magi_cli_gpu_test(name pass_regex args...): `magiattn args` under CTest's regexes.
   function(magi_cli_gpu_test name pass_regex)
     add_test(NAME cli.${name} COMMAND magiattn ${ARGN})

@@ -15,11 +15,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "attn_case.h"
+#include "builder_masks.h"
 #include "dist_env.h"
 #include "magi/error.h"
 #include "magi/mask_builders.h"
@@ -81,30 +83,50 @@ double err(const std::vector<double>& got, const std::vector<double>& want, doub
   return testing::err_at_scale(got, want, scale);
 }
 
-void run_case(const Mask& mask, std::int64_t hq, std::int64_t hkv, int stages,
-              const std::string& what) {
+// A case beyond the mask and heads: sink tokens ("sh": per head, replicated on every rank),
+// softcap, the plan's stages and chunk, uneven shards.
+struct Extras {
+  std::int64_t sink_len = 0;
+  double softcap = 0;
+  int stages = 2;
+  std::int64_t chunk = 64;
+  bool uneven = false;
+};
+
+void run_case(const Mask& mask, std::int64_t hq, std::int64_t hkv, const std::string& what,
+              const Extras& x) {
   comm::Communicator& world = comm_world();
   SCOPED_TRACE(what + " on rank " + std::to_string(world.rank()));
   Case c;
   c.hq = hq, c.hkv = hkv;
   c.out = DType::kF32;  // the runtime keeps out in the compute type
+  c.sink_len = x.sink_len;
+  c.opts.softcap = x.softcap;
   const std::int64_t n = mask.total_seqlen_q(), d = c.d;
   const Problem p = make_problem(mask, c, 41);  // every rank: the same rounded inputs
   plan::PlanOptions po;
   po.dispatch.cp = world.size();
-  po.dispatch.chunk_size = 64;
-  po.num_stages = stages;
+  po.dispatch.chunk_size = x.chunk;
+  po.dispatch.uneven = x.uneven;
+  po.num_stages = x.stages;
   const plan::DistPlan dp = plan::make_plan(mask, po);
   const std::int64_t nl = dp.dispatch.rank_tokens(world.rank());
 
   // The single-GPU kernel on the whole problem.
   GpuCall whole(p, c);
-  attn_forward(mask, whole.args(false), c.opts);
+  attn_forward(mask, whole.args(true), c.opts);
   DevTensor dout(c.in, {n, hq, d}), dq(DType::kF32, {n, hq, d}), dk(DType::kF32, {n, hkv, d}),
       dv(DType::kF32, {n, hkv, d});
+  std::optional<DevTensor> dsink, dsink_l;  // the whole problem's, this rank's partial
+  std::optional<TensorView> sink_v, dsink_v, dsink_lv;
+  if (whole.sink) {
+    dsink.emplace(DType::kF32, whole.sink->shape);
+    dsink_l.emplace(DType::kF32, whole.sink->shape);
+    sink_v = whole.sink->view, dsink_v = dsink->view, dsink_lv = dsink_l->view;
+  }
   dout.upload(p.dout);
   attn_backward(mask, BwdArgs{dout.view, whole.q.view, whole.k.view, whole.v.view, whole.out.view,
-                              whole.lse.view, dq.view, dk.view, dv.view, std::nullopt, std::nullopt},
+                              whole.lse.view, dq.view, dk.view, dv.view, sink_v, dsink_v},
                 c.opts);
   sync("single-GPU reference");
 
@@ -119,7 +141,7 @@ void run_case(const Mask& mask, std::int64_t hq, std::int64_t hkv, int stages,
   DevTensor ol(DType::kF32, {nl, hq, d}), ll(DType::kF32, {nl, hq}), mll(DType::kF32, {hq});
   runtime::CalcStats stats;  // CUDA events on the compute stream (runtime.h)
   runtime::calc_attn_forward(dp, world,
-                             FwdArgs{ql.view, kl.view, vl.view, ol.view, ll.view, std::nullopt,
+                             FwdArgs{ql.view, kl.view, vl.view, ol.view, ll.view, sink_v,
                                      mll.view},
                              c.opts, &stats);
   EXPECT_EQ(stats.stage_compute_s.size(), stats.stage_wait_s.size());
@@ -135,8 +157,10 @@ void run_case(const Mask& mask, std::int64_t hq, std::int64_t hkv, int stages,
   DevTensor dql(DType::kF32, {nl, hq, d}), dkl(DType::kF32, {nl, hkv, d}),
       dvl(DType::kF32, {nl, hkv, d});
   const BwdArgs ba{dol.view, ql.view, kl.view, vl.view, ol.view, ll.view,
-                   dql.view, dkl.view, dvl.view, std::nullopt, std::nullopt};
+                   dql.view, dkl.view, dvl.view, sink_v, dsink_lv};
   runtime::calc_attn_backward(dp, world, ba, c.opts);
+  // dsink is each rank's partial: summed like a replicated parameter's gradient.
+  if (dsink_lv) runtime::all_reduce(world, *dsink_lv, comm::ReduceOp::kSum);
   sync("distributed");
 
   // The same calls carving every scratch buffer from one workspace (runtime.h
@@ -150,7 +174,7 @@ void run_case(const Mask& mask, std::int64_t hq, std::int64_t hkv, int stages,
     DevTensor ws(DType::kF32, {std::int64_t(ws_bytes / 4) + 1});
     DevTensor o2(DType::kF32, {nl, hq, d}), l2(DType::kF32, {nl, hq}), dq2(DType::kF32, {nl, hq, d}),
         dk2(DType::kF32, {nl, hkv, d}), dv2(DType::kF32, {nl, hkv, d});
-    FwdArgs fa{ql.view, kl.view, vl.view, o2.view, l2.view, std::nullopt, std::nullopt};
+    FwdArgs fa{ql.view, kl.view, vl.view, o2.view, l2.view, sink_v, std::nullopt};
     fa.workspace = Workspace{ws.view.data, bytes(false)};
     runtime::calc_attn_forward(dp, world, fa, c.opts);
     // The backward bitwise only in deterministic mode (else dq's fp32 atomics reorder).
@@ -158,11 +182,15 @@ void run_case(const Mask& mask, std::int64_t hq, std::int64_t hkv, int stages,
     det.deterministic = true;
     DevTensor dq3(DType::kF32, {nl, hq, d}), dk3(DType::kF32, {nl, hkv, d}),
         dv3(DType::kF32, {nl, hkv, d});
+    std::optional<DevTensor> ds2, ds3;  // the sink's gradient of each call (unchecked here)
+    if (whole.sink) ds2.emplace(DType::kF32, whole.sink->shape), ds3.emplace(DType::kF32, whole.sink->shape);
     BwdArgs b3 = ba;
     b3.dq = dq3.view, b3.dk = dk3.view, b3.dv = dv3.view;
+    if (ds3) b3.dsink = ds3->view;
     runtime::calc_attn_backward(dp, world, b3, det);
     BwdArgs b2 = ba;
     b2.dq = dq2.view, b2.dk = dk2.view, b2.dv = dv2.view;
+    if (ds2) b2.dsink = ds2->view;
     b2.workspace = Workspace{ws.view.data, bytes(true)};
     runtime::calc_attn_backward(dp, world, b2, det);
     sync("distributed, with a workspace");
@@ -201,6 +229,18 @@ void run_case(const Mask& mask, std::int64_t hq, std::int64_t hkv, int stages,
   check("dk", dkl.download(), dk.download(), ob.dk, hkv, d, gs);
   check("dv", dvl.download(), dv.download(), ob.dv, hkv, d, gs);
   EXPECT_EQ(mll.download(), whole.max_logits.download()) << "max_logits (a max: exact)";
+  if (dsink) {  // replicated: every rank holds the whole sum
+    const double e = err(dsink_l->download(), ob.dsink, testing::max_abs(ob.dsink));
+    const double es = err(dsink->download(), ob.dsink, testing::max_abs(ob.dsink));
+    EXPECT_LE(e, 2 * es + u) << "dsink: distributed error " << e << " vs single-GPU " << es;
+  }
+  // Rows that see no key hold zeros, never NaN (SPEC §5; a rank may hold only such rows).
+  for (double o : ol.download()) {
+    if (!std::isfinite(o)) {
+      ADD_FAILURE() << "a non-finite out element on rank " << world.rank();
+      break;
+    }
+  }
 }
 
 TEST(RuntimeGpu, CalcAttnOnDeviceTensorsMatchesTheSingleGpuKernel) {
@@ -208,11 +248,37 @@ TEST(RuntimeGpu, CalcAttnOnDeviceTensorsMatchesTheSingleGpuKernel) {
   if (!built(DType::kBF16, 128)) return;
   std::mt19937_64 rng(5);
   const std::int64_t n = 320 * comm_world().size();
-  run_case(masks::causal(n, n), 4, 2, 2, "causal");
-  run_case(masks::varlen_causal(prefix_sums({n / 4, 7, n / 2, 33, n - n / 4 - n / 2 - 40})), 4, 4, 3,
-           "varlen causal");
-  run_case(masks::sliding_window(n, n, {96, 0}), 4, 1, 1, "sliding window, MQA");
-  run_case(testing::packed_documents(rng, n), 4, 2, 0, "packed documents, no overlap stages");
+  run_case(masks::causal(n, n), 4, 2, "causal", {});
+  run_case(masks::varlen_causal(prefix_sums({n / 4, 7, n / 2, 33, n - n / 4 - n / 2 - 40})), 4, 4,
+           "varlen causal", {.stages = 3});
+  run_case(masks::sliding_window(n, n, {96, 0}), 4, 1, "sliding window, MQA", {.stages = 1});
+  run_case(testing::packed_documents(rng, n), 4, 2, "packed documents, no overlap stages",
+           {.stages = 0});
+}
+
+// Every builder of docs/semantics.md §1 (and a random mask with overlapping q ranges; the last
+// but one: only the first chunk's rows see anything, so most ranks hold only unseen rows),
+// with GQA or MQA, sinks, softcap, uneven shards and 0-3 stages drawn per case.
+TEST(RuntimeGpu, EveryBuilderWithSinkSoftcapAndUnevenShards) {
+  REQUIRE_COMM();
+  if (!built(DType::kBF16, 128)) return;
+  const int cp = comm_world().size();
+  std::mt19937_64 rng(0x6b1d);
+  for (int kind = 0; kind < testing::kNumBuilderMasks; ++kind) {
+    Extras x;
+    x.chunk = 64;
+    x.uneven = rng() % 3 == 0;
+    const std::int64_t n = x.chunk * cp * 3 - (x.uneven ? 1 + std::int64_t(rng() % 40) : 0);
+    const Mask mask = testing::builder_mask(kind, rng, n, x.chunk);
+    const std::int64_t hkv = rng() % 2 ? 2 : 1;
+    x.sink_len = rng() % 2 ? 2 : 0;
+    x.softcap = rng() % 3 == 0 ? 20.0 : 0.0;
+    x.stages = int(rng() % 4);
+    run_case(mask, 4, hkv, "builder mask " + std::to_string(kind) + (x.uneven ? " uneven" : "") +
+                               (x.sink_len ? " sink" : "") + (x.softcap > 0 ? " softcap" : "") +
+                               " stages " + std::to_string(x.stages),
+             x);
+  }
 }
 
 TEST(RuntimeGpu, DeviceDispatchAndUndispatchMatchTheHostOnes) {

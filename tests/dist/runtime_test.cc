@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "attn_case.h"
+#include "builder_masks.h"
 #include "dist_env.h"
 #include "magi/error.h"
 #include "magi/mask_builders.h"
@@ -25,65 +26,12 @@
 namespace magi {
 namespace {
 
+using testing::builder_mask;
+using testing::kNumBuilderMasks;
+using testing::random_cu;
 using testing::world;
 
 constexpr double kTol = 1e-12;
-
-std::vector<std::int64_t> random_cu(std::mt19937_64& rng, std::int64_t n) {
-  std::vector<std::int64_t> cu{0};
-  while (cu.back() < n)
-    cu.push_back(std::min(n, cu.back() + 1 + std::int64_t(rng() % std::uint64_t(n / 2 + 1))));
-  return cu;
-}
-
-// Every builder of docs/semantics.md §1 by index (kNumKinds - 1: a random mask with overlapping q
-// ranges and all four slice types); every rank draws the same one.
-constexpr int kNumKinds = 15;
-
-Mask make_mask(int kind, std::mt19937_64& rng, std::int64_t n, std::int64_t chunk) {
-  switch (kind) {
-    case 0: return masks::full(n, n);
-    case 1: return masks::causal(n, n);
-    case 2: return masks::varlen_full(random_cu(rng, n));
-    case 3: return masks::varlen_causal(random_cu(rng, n));
-    case 4: return masks::sliding_window(n, n, {3, 1});
-    case 5: return masks::varlen_sliding_window(random_cu(rng, n), {4, 0}, 2);
-    case 6: return masks::block_causal(n, 3);
-    case 7: return masks::varlen_block_causal(random_cu(rng, n), 3, true);
-    case 8: return masks::prefix_lm(n, n / 3);
-    case 9: {  // overlapping q ranges: every answer sees the shared question
-      const std::int64_t question = n / 3, a = (n - question) / 2;
-      const std::vector<std::int64_t> answers{a, n - question - a};
-      return masks::shared_question(question, answers);
-    }
-    case 10: {  // block-sparse from a random block mask (blocks of 3, last block short)
-      const std::int64_t nb = (n + 2) / 3;
-      std::vector<std::uint8_t> blocks(std::size_t(nb * nb));
-      for (auto& b : blocks) b = rng() % 3 == 0;
-      return masks::block_sparse(blocks, n, n, 3, 3);
-    }
-    case 11: {  // block-sparse from top-k indices, with -1 padding
-      const std::int64_t nb = (n + 3) / 4, topk = std::min<std::int64_t>(2, nb);
-      std::vector<std::int64_t> idx;
-      for (std::int64_t r = 0; r < nb; ++r) {
-        idx.push_back(std::int64_t(rng() % std::uint64_t(nb)));
-        if (topk > 1) idx.push_back(rng() % 2 ? -1 : (idx.back() + 1) % nb);
-      }
-      return masks::block_sparse_topk(idx, topk, n, n, 4, 4);
-    }
-    case 12: {  // from a dense boolean mask (random rows of intervals)
-      std::vector<std::uint8_t> dense(std::size_t(n * n));
-      for (std::int64_t i = 0; i < n; ++i) {
-        const std::int64_t a = std::int64_t(rng() % std::uint64_t(n)), b = a + 1 + std::int64_t(rng() % std::uint64_t(n - a));
-        for (std::int64_t j = a; j < b; ++j) dense[std::size_t(i * n + j)] = 1;
-      }
-      return masks::from_dense(dense, n, n);
-    }
-    case 13:  // only the first chunk's rows see anything: most ranks' tokens are all masked
-      return Mask(n, n, {Slice{{0, chunk}, {0, n}, MaskType::kFull}});
-    default: return testing::random_mask(rng, n, n, 6);
-  }
-}
 
 TensorView view(std::vector<double>& b, std::initializer_list<std::int64_t> shape) {
   return make_view(b.data(), DType::kF64, shape);
@@ -135,7 +83,7 @@ void run_case(int kind, std::mt19937_64& rng, const std::string& where) {
   const bool uneven = rng() % 3 == 0 && chunk * cp > 1;
   const std::int64_t n = chunk * cp * (2 + std::int64_t(rng() % 3)) -
                          (uneven ? 1 + std::int64_t(rng() % std::uint64_t(chunk * cp - 1)) : 0);
-  const Mask mask = make_mask(kind, rng, n, chunk);
+  const Mask mask = builder_mask(kind, rng, n, chunk);
   const bool gqa = rng() % 2, with_sink = rng() % 2;
   const std::int64_t hq = 4, hkv = gqa ? 2 : 4, d = 8, sink_len = with_sink ? 2 : 0;
   testing::Config cfg = testing::config_for(DType::kF64);
@@ -238,7 +186,7 @@ void run_case(int kind, std::mt19937_64& rng, const std::string& where) {
 TEST(Runtime, EveryBuilderMatchesSingleProcess) {
   const std::uint64_t seed = testing::test_seed();
   std::mt19937_64 rng(seed ^ 0x7e5);
-  for (int kind = 0; kind < kNumKinds; ++kind)
+  for (int kind = 0; kind < kNumBuilderMasks; ++kind)
     run_case(kind, rng, testing::seed_note(seed));
 }
 
@@ -246,7 +194,7 @@ TEST(Runtime, RandomSweep) {
   const std::uint64_t seed = testing::test_seed();
   std::mt19937_64 rng(seed ^ 0x5eed);
   const int cases = testing::full_level() ? 60 : 12;
-  for (int c = 0; c < cases; ++c) run_case(int(rng() % kNumKinds), rng, testing::seed_note(seed));
+  for (int c = 0; c < cases; ++c) run_case(int(rng() % kNumBuilderMasks), rng, testing::seed_note(seed));
 }
 
 // bf16 inputs, fp32 outputs: the stages merge in fp32, so the result equals the
