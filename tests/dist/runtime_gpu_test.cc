@@ -281,6 +281,97 @@ TEST(RuntimeGpu, EveryBuilderWithSinkSoftcapAndUnevenShards) {
   }
 }
 
+// Rows [begin, begin + rows) of a contiguous device tensor.
+TensorView row_slice(const TensorView& t, std::int64_t begin, std::int64_t rows) {
+  TensorView v = t;
+  v.data = static_cast<unsigned char*>(t.data) + begin * t.stride[0] * dtype_size(t.dtype);
+  v.shape[0] = rows;
+  return v;
+}
+
+// The stage kernels of a cp-2 plan of a causal 8k mask, in one process and without any
+// communication: for each rank's share (its q rows, its K/V rows then each stage's fetched
+// rows), the host-stage call and the stage calls with accumulate must give what one call
+// over the share's whole mask gives. `magiattn run --ranks 2 --device cuda --comm mpi
+// --seqlen 8192 --mask causal` hung on the H200 (2026-12-02): rank 0 blocked inside CUDA, its
+// peer waiting for it; the same sequence through magiattn._C hung in one process for rank 0's
+// share and not for rank 1's. Not yet run after it was written (the session's GPU time was
+// spent): expected to time out until that hang is found.
+TEST(RuntimeGpu, StageKernelsOfACausal8kPlanMergeLikeOneCall) {
+  REQUIRE_GPU();
+  if (!built(DType::kBF16, 128)) return;
+  if (comm_world().size() != 1) GTEST_SKIP() << "one process, no communication: runs at np 1";
+  const std::int64_t n = 8192, hq = 8, hkv = 2, d = 128;
+  plan::PlanOptions po;
+  po.dispatch.cp = 2;
+  const plan::DistPlan dp = plan::make_plan(masks::causal(n, n), po);
+  for (int r = 0; r < 2; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r) + "'s share");
+    const plan::RankPlan& rp = dp.ranks[std::size_t(r)];
+    const std::int64_t nl = dp.dispatch.rank_tokens(r);
+    std::vector<Slice> all = rp.host_slices;
+    std::vector<std::int64_t> offset, rows;  // each stage's K rows in the share
+    std::int64_t nk = nl;
+    for (const plan::Stage& st : rp.stages) {
+      std::int64_t nr = 0;
+      for (const Range k : st.remote_k_ranges) nr += k.size();
+      for (Slice sl : st.slices) {
+        sl.k_range = Range{sl.k_range.start + nk, sl.k_range.end + nk};
+        all.push_back(sl);
+      }
+      offset.push_back(nk), rows.push_back(nr);
+      nk += nr;
+    }
+    const Mask share(nl, nk, all);
+    Case c;
+    c.hq = hq, c.hkv = hkv, c.out = DType::kF32, c.max_logits = false;
+    const Problem p = make_problem(share, c, 7);
+    GpuCall one(p, c);
+    attn_forward(share, one.args(), c.opts);
+    DevTensor out(DType::kF32, {nl, hq, d}), lse(DType::kF32, {nl, hq});
+    FwdArgs a{one.q.view, row_slice(one.k.view, 0, nl), row_slice(one.v.view, 0, nl), out.view,
+              lse.view, std::nullopt, std::nullopt};
+    attn_forward(Mask(nl, nl, rp.host_slices), a, c.opts);
+    AttnOptions acc = c.opts;
+    acc.accumulate = true;
+    for (std::size_t s = 0; s < rp.stages.size(); ++s) {
+      a.k = row_slice(one.k.view, offset[s], rows[s]);
+      a.v = row_slice(one.v.view, offset[s], rows[s]);
+      attn_forward(Mask(nl, rows[s], rp.stages[s].slices), a, acc);
+    }
+    sync("staged forward");
+    const std::vector<double> o1 = one.out.download();
+    EXPECT_LE(testing::err_at_scale(out.download(), o1, 0), 1e-2) << "out";
+    EXPECT_LE(testing::err_at_scale(lse.download(), one.lse.download(), 1.0), 1e-4) << "lse";
+
+    // Backward on the one call's out and lse: dq summed over the calls, dK/dV per segment.
+    DevTensor dout(c.in, {nl, hq, d}), dq1(DType::kF32, {nl, hq, d}), dk1(DType::kF32, {nk, hkv, d}),
+        dv1(DType::kF32, {nk, hkv, d}), dq(DType::kF32, {nl, hq, d}),
+        dk(DType::kF32, {nk, hkv, d}), dv(DType::kF32, {nk, hkv, d});
+    dout.upload(p.dout);
+    const std::vector<double> zeros(std::size_t(nk * hkv * d), 0.0);
+    dk.upload(zeros), dv.upload(zeros);
+    attn_backward(share, BwdArgs{dout.view, one.q.view, one.k.view, one.v.view, one.out.view,
+                                 one.lse.view, dq1.view, dk1.view, dv1.view, std::nullopt,
+                                 std::nullopt}, c.opts);
+    BwdArgs b{dout.view, one.q.view, a.k, a.v, one.out.view, one.lse.view, dq.view,
+              row_slice(dk.view, 0, nl), row_slice(dv.view, 0, nl), std::nullopt, std::nullopt};
+    b.k = row_slice(one.k.view, 0, nl), b.v = row_slice(one.v.view, 0, nl);
+    attn_backward(Mask(nl, nl, rp.host_slices), b, c.opts);
+    for (std::size_t s = 0; s < rp.stages.size(); ++s) {
+      b.k = row_slice(one.k.view, offset[s], rows[s]);
+      b.v = row_slice(one.v.view, offset[s], rows[s]);
+      b.dk = row_slice(dk.view, offset[s], rows[s]);
+      b.dv = row_slice(dv.view, offset[s], rows[s]);
+      attn_backward(Mask(nl, rows[s], rp.stages[s].slices), b, acc);
+    }
+    sync("staged backward");
+    EXPECT_LE(testing::err_at_scale(dq.download(), dq1.download(), 0), 1e-2) << "dq";
+    EXPECT_LE(testing::err_at_scale(dk.download(), dk1.download(), 0), 1e-2) << "dk";
+    EXPECT_LE(testing::err_at_scale(dv.download(), dv1.download(), 0), 1e-2) << "dv";
+  }
+}
+
 TEST(RuntimeGpu, DeviceDispatchAndUndispatchMatchTheHostOnes) {
   REQUIRE_COMM();
   comm::Communicator& world = comm_world();
