@@ -65,6 +65,7 @@ DType compute_type(DType t) { return t == DType::kF64 ? DType::kF64 : DType::kF3
 class Layout {
  public:
   enum Part { kK, kV, kDk, kDv };
+  Layout() = default;  // no parts
   Layout(const plan::RankPlan& rp, std::int64_t nl, std::int64_t hq, std::int64_t hkv,
          std::int64_t d, DType dtype, bool backward) {
     std::int64_t rows = 0;
@@ -91,6 +92,7 @@ class Layout {
 // (host tensors, or no workspace given) allocated per use beside `like`.
 class Arena {
  public:
+  Arena() = default;  // no workspace: every part allocated per use
   Arena(const plan::RankPlan& rp, std::int64_t nl, const TensorView& q, const TensorView& k,
         bool backward, const std::optional<Workspace>& ws)
       : layout_(rp, nl, q.ndim == 3 ? q.shape[1] : 0, k.ndim == 3 ? k.shape[1] : 0,
@@ -449,7 +451,7 @@ double comm_only_seconds(const plan::DistPlan& plan, comm::Communicator& comm_in
   const DType compute = compute_type(k.dtype);
   const std::int64_t row = detail::row_elems(k);
   detail::Scratch owner(std::size_t(nl * row * dtype_size(compute)), k, 0, true);
-  const Arena no_workspace(rp, nl, k, k, false, std::nullopt);  // allocates per stage
+  const Arena no_workspace;
   const comm::Rows owner_rows =
       detail::rows_of(shaped_like(k, nl, owner.data(), compute), "dk owner rows");
   double seconds = 0;
