@@ -224,11 +224,17 @@ else()
   magi_cli_gpu_test(gpu_run_fp16_json "\"device\":\"cuda:[0-9]+ .*\"pass\":true" run --device
                     cuda --dtype fp16 --seqlen 2048 --json)
   if(TARGET magi_runtime AND TARGET magi_comm_mpi)
-    # Two ranks on one GPU over MPI (device rows staged through the host).
+    # Two and three ranks on one GPU over MPI (device rows staged through the host): the
+    # sizes at which rank 0's remote stage has query tiles without keys (these hung until the
+    # forward stopped loading Q for them, 2026-12-02).
     magi_cli_gpu_test(gpu_run_ranks2_mpi
                       "ranks +2 \\(MPI staging GPU rows through the host.*result +PASS" run
-                      --ranks 2 --device cuda --comm mpi --seqlen 4096)
-    set_tests_properties(cli.gpu_run_ranks2_mpi PROPERTIES PROCESSORS 2
+                      --ranks 2 --device cuda --comm mpi --seqlen 8192 --mask causal)
+    magi_cli_gpu_test(gpu_run_ranks3_mpi_varlen
+                      "ranks +3 \\(MPI staging GPU rows through the host.*result +PASS" run
+                      --ranks 3 --device cuda --comm mpi --seqlen 12288 --mask varlen-causal)
+    set_tests_properties(cli.gpu_run_ranks2_mpi cli.gpu_run_ranks3_mpi_varlen PROPERTIES
+                         PROCESSORS 2 TIMEOUT 300
                          ENVIRONMENT "${MAGI_MPI_TEST_ENV};CUDA_VISIBLE_DEVICES=0")
   endif()
   if(TARGET magi_comm_nccl AND TARGET magi_runtime AND TARGET magi_comm_mpi)

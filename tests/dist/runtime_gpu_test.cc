@@ -295,8 +295,9 @@ TensorView row_slice(const TensorView& t, std::int64_t begin, std::int64_t rows)
 // over the share's whole mask gives. `magiattn run --ranks 2 --device cuda --comm mpi
 // --seqlen 8192 --mask causal` hung on the H200 (2026-12-02): rank 0 blocked inside CUDA, its
 // peer waiting for it; the same sequence through magiattn._C hung in one process for rank 0's
-// share and not for rank 1's. Not yet run after it was written (the session's GPU time was
-// spent): expected to time out until that hang is found.
+// share and not for rank 1's. The cause was the forward kernel's Q hand-off on query tiles
+// without keys (rank 0's remote stage has 512 such rows; fixed in fwd_kernel.cuh, and
+// Sm90Forward.ManyKeylessTilesInARowDoNotHang pins it down): this test passes since.
 TEST(RuntimeGpu, StageKernelsOfACausal8kPlanMergeLikeOneCall) {
   REQUIRE_GPU();
   if (!built(DType::kBF16, 128)) return;

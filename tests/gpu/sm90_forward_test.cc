@@ -332,6 +332,38 @@ TEST(Sm90Forward, AccumulateTwoHalvesEqualsTheWholeMask) {
       }
 }
 
+// Many query tiles without keys in a row, last in the work list (heavy first), with and
+// without accumulate: rows [0, 1024) of every head are in no slice. The forward used to load Q
+// for such tiles and hand it back from one thread of each warpgroup right after its own wait,
+// so two keyless tiles in a row could complete Q's barrier twice before a slower warp had
+// waited once: a hang (cp-2 causal 8k, rank 0's remote stage under accumulate, 2026-12-02).
+// sync() ends the process past its deadline rather than hang.
+TEST(Sm90Forward, ManyKeylessTilesInARowDoNotHang) {
+  REQUIRE_GPU();
+  Case c;
+  c.out = DType::kF32;
+  c.hq = 8, c.hkv = 2;
+  c.max_logits = false;
+  if (!built(c.in, c.d)) return;
+  const Mask mask(2048, 1024, {Slice{{1024, 2048}, {0, 1024}, MaskType::kFull}});
+  const Problem p = make_problem(mask, c, 12);
+  GpuCall call(p, c);
+  for (bool acc : {false, true})
+    for (int rep = 0; rep < 20; ++rep) {
+      AttnOptions opts = c.opts;
+      opts.accumulate = acc;
+      if (rep % 2) opts.sm_margin = 1 << 20;  // one persistent CTA walks all the keyless items
+      if (acc) {  // from nothing: out 0, lse -inf
+        call.out.upload(std::vector<double>(std::size_t(2048 * c.hq * c.d), 0.0));
+        call.lse.upload(std::vector<double>(std::size_t(2048 * c.hq), -kInf));
+      }
+      ASSERT_NO_THROW(attn_forward(mask, call.args(), opts));
+      sync(std::string("keyless tiles, accumulate ") + (acc ? "on" : "off") + ", call " +
+           std::to_string(rep));  // the default stream: sync's deadline sees it
+    }
+  compare(mask, p, c, call.result(), describe(c, mask) + " [keyless tiles, accumulate]");
+}
+
 TEST(Sm90Forward, AccumulateIntoAGivenPartialResult) {
   REQUIRE_GPU();
   // Rows 0-9 and 280-299 are in no slice: without a sink they must stay bitwise unchanged.

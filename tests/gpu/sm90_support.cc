@@ -3,7 +3,9 @@
 #include "sm90_support.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <iomanip>
 #include <iostream>
@@ -12,6 +14,7 @@
 #include <random>
 #include <sstream>
 #include <stdexcept>
+#include <thread>
 
 #include "error_of.h"
 #include "magi/error.h"
@@ -39,6 +42,25 @@ void cuda_ok(cudaError_t e, const std::string& what) {
 }
 
 void sync(const std::string& what) {
+  // A kernel that hangs would block cudaDeviceSynchronize (and CTest until its timeout): poll
+  // an event behind the work instead, and end the process with a message past the deadline
+  // (a hung kernel cannot be recovered from inside it).
+  constexpr auto kDeadline = std::chrono::seconds(120);
+  cudaEvent_t done = nullptr;
+  cuda_ok(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), what + " (event)");
+  cuda_ok(cudaEventRecord(done, nullptr), what + " (event record)");
+  const auto start = std::chrono::steady_clock::now();
+  cudaError_t e;
+  while ((e = cudaEventQuery(done)) == cudaErrorNotReady) {
+    if (std::chrono::steady_clock::now() - start > kDeadline) {
+      std::cerr << "FATAL: " << what << ": the GPU did not finish within "
+                << kDeadline.count() << " s (a kernel hang)" << std::endl;
+      std::_Exit(3);
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  cudaEventDestroy(done);
+  cuda_ok(e, what + " (event query)");
   cuda_ok(cudaDeviceSynchronize(), what + " (synchronize)");
   cuda_ok(cudaGetLastError(), what);
 }

@@ -77,7 +77,8 @@ bool have_device();
   } while (0)
 
 void cuda_ok(cudaError_t e, const std::string& what);
-// Waits for the device and surfaces any asynchronous kernel error.
+// Waits for the device and surfaces any asynchronous kernel error; ends the process with a
+// message when the GPU has not finished within 120 s (a kernel hang).
 void sync(const std::string& what);
 int current_device();
 

@@ -267,7 +267,8 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
       prefetch(tma, detail::tma_rows_source(tma, m, row0, head,
                                             Shape<typename C::BN, typename C::HD>{}));
     };
-    int blk = 0;  // key blocks loaded so far (the ring position)
+    int blk = 0;      // key blocks loaded so far (the ring position)
+    int q_loads = 0;  // Q tiles loaded so far (q_full / q_empty phases)
     for (int n = 0;; ++n) {
       std::int64_t item = 0;
       if (lane == 0) item = atomicAdd(p.counter, 1);
@@ -285,10 +286,15 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
       const Tile tile = p.tiles[item / p.heads_q];
       const int h = int(item % p.heads_q), hk = h / group;
       const bool head_bad = p.bad_any[hk] != 0u;  // a NaN/inf in this head's K or V (rare)
-      if (lane == 0) {
-        Barrier::wait(&s.q_empty, (n & 1) ^ 1);
+      // Q only for a tile with keys (one without has its rows written from nothing): the
+      // consumers count the same loads. Loading it anyway raced: a leader hands Q back right
+      // after its own wait, so with two keyless tiles in a row the next load could complete
+      // q_full twice before a slower warp of its warpgroup waited once (same parity: a hang).
+      if (lane == 0 && tile.piece_begin < tile.piece_end) {
+        Barrier::wait(&s.q_empty, (q_loads & 1) ^ 1);
         tma_load(kp.tma_q, mQ, tile.start, h, s.q_full, sQ);
       }
+      q_loads += tile.piece_begin < tile.piece_end;
       // The walk holds its piece in registers; all lanes pull the next 32 pieces into L1
       // together whenever it enters a new group of 32 (so a tile of many small pieces does
       // not wait on a dependent global load per block).
@@ -381,7 +387,7 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
   const int next_bar = 1 + (wg + 1) % C::kWarpgroups;
   if (wg == C::kWarpgroups - 1) detail::named_arrive(1, kPair);
 
-  int blk = 0;
+  int blk = 0, q_uses = 0;  // key blocks and Q tiles consumed (the producer's counts)
   unsigned ready_phases = 0;
   for (int n = 0;; ++n) {
     const detail::Ring slot = detail::ring<2>(n);
@@ -609,8 +615,8 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
         if ((ctid & 31) == 0 && mr != -INFINITY) detail::atomic_max(p.max_logits + h, mr);
       }
     };
-    TxBarrier::wait(&s.q_full, n & 1);
     if (tile.piece_begin < tile.piece_end) {  // the producer walks the blocks (BlockInfo)
+      TxBarrier::wait(&s.q_full, q_uses++ & 1);
       float corr[kRows];
       detail::Ring r = detail::ring<kStages>(blk++);
       TxBarrier::wait(&s.k_full[r.stage], r.phase);
@@ -658,8 +664,7 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
       warpgroup_fence_operand(tOrP);
       if (leader) Barrier::arrive(&s.v_empty[prev.stage]);
     } else {
-      if (leader) Barrier::arrive(&s.q_empty);  // a tile without keys: Q was loaded and never read
-      finish_rows();
+      finish_rows();  // a tile without keys: no Q, no blocks
     }
 
     // Epilogue: O normalised, merged with a given partial result, stored, in one straight-line
