@@ -2,7 +2,7 @@
 Communicator.from_torch_group makes over a torch.distributed process group of the backend
 argv[1] ("nccl" or "gloo"), then bf16 CUDA tensors through dispatch, calc_attn forward and
 backward and undispatch, against the single-GPU flex_flash_attn_func on the whole sequence
-(every rank computes it), within bf16 rounding. A failure raises (non-zero exit); each rank
+(cuda_compare.py, shared with dist_worker.py). A failure raises (non-zero exit); each rank
 prints "rank R: PASS <backend> max rel err E" at the end.
 """
 
@@ -13,15 +13,10 @@ import torch
 import torch.distributed as tdist
 
 import magiattn
+from cuda_compare import dist_vs_single_gpu, problem
 
 BACKEND = sys.argv[1]
 N, HQ, HKV, D = 2048, 4, 2, 128
-
-
-def rel(name, a, b, tol):
-    err = float((a.double() - b.double()).abs().max() / b.double().abs().max())
-    assert torch.isfinite(a).all() and err <= tol, f"{name}: relative error {err:.3g} > {tol}"
-    return err
 
 
 def check_communicator(group):
@@ -45,24 +40,8 @@ def check_attention(group, comm):
         dist_attn_config=magiattn.DistAttnConfig(uneven=True))
     assert key.comm is comm  # the group's cached communicator
     gen = torch.Generator(device="cuda").manual_seed(5)  # the same tensors on every rank
-    p = {x: torch.randn(shape, generator=gen, device="cuda").to(torch.bfloat16)
-         for x, shape in (("q", (N, HQ, D)), ("k", (N, HKV, D)), ("v", (N, HKV, D)),
-                          ("dout", (N, HQ, D)))}
-    q, k, v = (p[x].clone().requires_grad_(True) for x in "qkv")
-    out, meta = magiattn.calc_attn(*(magiattn.dispatch(x, key) for x in (q, k, v)), key,
-                                   return_max_logits=True)
-    assert out.is_cuda and out.dtype == torch.bfloat16 and meta.lse.is_cuda
-    magiattn.undispatch(out, key).backward(p["dout"])
-    q1, k1, v1 = (p[x].clone().requires_grad_(True) for x in "qkv")
-    out1, meta1 = magiattn.flex_flash_attn_func(q1, k1, v1, mask=key.mask, return_max_logits=True)
-    out1.backward(p["dout"])
-    pos = torch.from_numpy(magiattn.get_position_ids(key)).to("cuda")
-    errs = [rel("out", out.detach(), out1.detach()[pos], 2e-2),
-            rel("lse", meta.lse, meta1.lse[pos], 1e-3),
-            rel("max_logits", meta.max_logits, meta1.max_logits, 1e-6)]
-    errs += [rel(f"d{x}", a.grad, b.grad, 3e-2) for x, a, b in
-             (("q", q, q1), ("k", k, k1), ("v", v, v1))]
-    return key, max(errs)
+    _, err = dist_vs_single_gpu(key, problem(key, N, gen))
+    return key, err
 
 
 def check_device_mesh():
