@@ -229,6 +229,10 @@ def main(argv=None) -> int:
         say(line)
     if not ring_why:
         say("ring CP is SDPA's dense masks only ('-' elsewhere)")
+    if cp == 1:
+        say("world size 1: every K/V fetch is a copy within one GPU, so these columns say "
+            "nothing about communication or its overlap; that needs 2 or more GPUs "
+            "(torchrun --nproc_per_node=2 or more)")
     dist.destroy_process_group()
     return 0
 
