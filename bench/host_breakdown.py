@@ -3,8 +3,8 @@ torch launch on the same host (2k causal, bf16, Hq:Hkv 32:8, D 128, CUDA range t
 
     python3 bench/host_breakdown.py
 
-"full call" takes the C++ front (magiattn._torch) where the package has it; "Python front"
-rows force the Python per-call path for comparison.
+"full call" takes the C++ front (magiattn._torch) where the package has it, mask lookup
+included (`_torch.call`); "Python front" rows force the Python per-call path for comparison.
 
 Each line: perf_counter over 200 calls / 200, no synchronisation inside the loop (the GPU work
 of a 2k causal call is shorter than its host time, so the queue never fills).
@@ -48,11 +48,11 @@ def main() -> None:
 
     def python_front(fn):  # the same call with the torch front's per-call path in Python
         def run():
-            torch_ops._cpp = None
+            fast, torch_ops._cpp, functional._torch_fast = functional._torch_fast, None, None
             try:
                 return fn()
             finally:
-                torch_ops._cpp = cpp
+                torch_ops._cpp, functional._torch_fast = cpp, fast
         return run
 
     rows = {
@@ -62,6 +62,11 @@ def main() -> None:
             lambda: magiattn.flex_flash_attn_func(q, k, v, qr, kr, tm)),
         "full call, Python front, q grad": python_front(
             lambda: magiattn.flex_flash_attn_func(qg, k, v, qr, kr, tm)),
+        "torch_ops path (mask lookup in Python)": lambda: torch_ops.flex_flash_attn_func(
+            q, k, v, qr, kr, tm, None, "sh", None, 0.0, False, False, 0),
+        "_torch.call (C++ lookup, no Python front)": (lambda: cpp.call(
+            q, k, v, qr, kr, tm, None, "sh", None, 0.0, False, False, 0))
+        if cpp is not None else (lambda: None),
         "_forward_impl": lambda: torch_ops._forward_impl(q, k, v, qr, kr, tm, None, "sh", None,
                                                          0.0, False, False, 0),
         "custom op (torch.compile's path)": lambda: torch.ops.magiattn.ffa_forward(

@@ -55,6 +55,10 @@ _by_bytes: "OrderedDict[tuple, tuple]" = OrderedDict()  # CPU tensors' raw bytes
 _pinned: dict = {}    # content key -> PreparedMask captured in a CUDA graph
 _deferred: list = []  # evicted during a capture: freed (cudaFree waits) after it
 _cache_lock = threading.RLock()
+# Set by torch_ops where magiattn._torch is built: (call, forget_recent, is_compiling). `call`
+# runs flex_flash_attn_func's common torch case in C++ and keeps the last few masks it saw by
+# identity in front of this cache (torch_ext.cc RecentMasks, 8 entries more in the bound).
+_torch_fast: Optional[tuple] = None
 
 
 def _type_array(attn_type_map: Any, num_slices: int) -> Optional[np.ndarray]:
@@ -256,6 +260,8 @@ def _remember_mask(mask: Mask) -> None:
 def clear_mask_cache() -> None:
     """Drop every cached mask and its GPU work lists, also those kept for captured CUDA graphs
     (replaying such a graph afterwards would read freed memory: clear only after the graphs)."""
+    if _torch_fast is not None:
+        _torch_fast[1]()
     with _cache_lock:
         _cache.clear()
         _by_tensor.clear()
@@ -456,6 +462,12 @@ def flex_flash_attn_func(
         q_ranges, k_ranges, attn_type_map = _resolve_ranges(mask, q, k, q_ranges, k_ranges,
                                                             attn_type_map)
     if _is_torch(q, k, v):
+        if _torch_fast is not None and not _torch_fast[2]():
+            r = _torch_fast[0](q, k, v, q_ranges, k_ranges, attn_type_map, sink, sink_layout,
+                               softmax_scale, softcap, deterministic, return_max_logits,
+                               sm_margin)
+            if r is not None:
+                return r[0], AttnForwardMeta(r[1], r[2])
         from . import torch_ops
 
         return torch_ops.flex_flash_attn_func(

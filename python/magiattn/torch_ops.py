@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from . import _C
+from . import _C, functional
 from .functional import AttnForwardMeta, forget_ranges, prepared_mask
 
 _to_dlpack = torch.utils.dlpack.to_dlpack
@@ -264,6 +264,10 @@ def _backward(ctx, dout, _dlse, _dmax_logits):
 torch.library.register_autograd("magiattn::ffa_forward", _backward, setup_context=_setup_context)
 if _cpp is not None:
     _cpp.set_backward(_backward_impl)
+    _cpp.set_lookup(prepared_mask,
+                    getattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 0),
+                    getattr(torch._C, "_cuda_isCurrentStreamCapturing", lambda: False))
+    functional._torch_fast = (_cpp.call, _cpp.forget_recent, torch.compiler.is_compiling)
 
 
 class _FFAForward(torch.autograd.Function):
@@ -316,8 +320,9 @@ def flex_flash_attn_func(q: Tensor, k: Tensor, v: Tensor, q_ranges: Any, k_range
                          softmax_scale: Optional[float], softcap: float, deterministic: bool,
                          return_max_logits: bool, sm_margin: int
                          ) -> tuple[Tensor, AttnForwardMeta]:
-    """The torch half of ``magiattn.flex_flash_attn_func`` (differentiable in q, k, v, sink).
-    Runs on every call of a training loop: plain checks, no helper calls on the common path."""
+    """The torch half of ``magiattn.flex_flash_attn_func`` (differentiable in q, k, v, sink):
+    what its C++ fast path (magiattn._torch.call) leaves to Python, torch.compile's path and
+    builds without magiattn._torch. Plain checks, no helper calls on the common path."""
     if not (q.__class__ is Tensor and k.__class__ is Tensor and v.__class__ is Tensor
             and q.dim() == 3 and k.dim() == 3 and v.dim() == 3):
         _check_qkv(q=q, k=k, v=v)

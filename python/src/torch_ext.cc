@@ -5,8 +5,9 @@
 // masks) and, when autograd wants it, records a C++ autograd node whose backward calls the
 // Python backward (torch_ops._backward_impl). It replaces, per call, what costs host time in
 // Python: autograd.Function.apply, two Python allocations, five DLPack capsules and the
-// range-pointer checks (bench/host_breakdown.py). The mask lookup stays in Python
-// (functional.prepared_mask), so the cache has one definition.
+// range-pointer checks (bench/host_breakdown.py). The mask cache is defined in Python
+// (functional.prepared_mask); `call`, the public function's common case, keeps the last few
+// masks it was given by identity in front of it (RecentMasks) and asks Python on a miss.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
@@ -14,14 +15,17 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <c10/core/GradMode.h>
+#include <c10/util/intrusive_ptr.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/custom_function.h>
 #include <torch/csrc/autograd/python_variable.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "capi.h"
 
@@ -31,9 +35,14 @@ namespace magi::py {
 namespace {
 
 const CApi* g_api = nullptr;
-// torch_ops._backward_impl, set once at import; a strong reference kept for the life of the
-// process (a static nb::object would be released after the interpreter is gone).
+// Python callables set once at import (set_backward, set_lookup); strong references kept for the life of the
+// process (a static nb::object would be released after the interpreter is gone):
+// torch_ops._backward_impl, functional.prepared_mask, and torch._C's current raw stream and
+// capture state (a C++ extension built without torch's CUDA libraries cannot ask them).
 PyObject* g_backward = nullptr;
+PyObject* g_prepared_mask = nullptr;
+PyObject* g_raw_stream = nullptr;
+PyObject* g_capturing = nullptr;
 
 [[noreturn]] void value_error(const std::string& what) { throw nb::value_error(what.c_str()); }
 
@@ -158,6 +167,7 @@ struct Call {
   double softcap = 0.0;
   std::string sink_layout;
   bool deterministic = false, return_max_logits = false;
+  bool bare = false;  // no max_logits tensor unless asked for (`call`)
   int sm_margin = 0;
   std::uintptr_t stream = 0;
 };
@@ -170,7 +180,11 @@ std::array<at::Tensor, 3> run_forward(const at::Tensor& q, const at::Tensor& k,
   const at::TensorOptions opts = q.options();
   at::Tensor out = at::empty(q.sizes(), opts);
   at::Tensor lse = at::empty({q.size(0), q.size(1)}, opts.dtype(compute));
-  at::Tensor max_logits = at::empty({c.return_max_logits ? q.size(1) : 0}, opts.dtype(compute));
+  // Without return_max_logits: [0] for the custom op (its schema returns a tensor), none for
+  // `call` (one allocation less).
+  at::Tensor max_logits;
+  if (c.return_max_logits || !c.bare)
+    max_logits = at::empty({c.return_max_logits ? q.size(1) : 0}, opts.dtype(compute));
   FwdArgs a;
   a.q = view(q, "q");
   a.k = view(k, "k");
@@ -258,8 +272,23 @@ struct FFAFunction : torch::autograd::Function<FFAFunction> {
   }
 };
 
+// out, lse, max_logits of one call on c.mask, with the autograd node when `autograd` and
+// torch's grad mode ask for it (the custom op's impl passes false: its rule is registered).
+nb::tuple run(const Call& c, const at::Tensor& tq, const at::Tensor& tk, const at::Tensor& tv,
+              const std::optional<at::Tensor>& ts, bool autograd) {
+  const bool grad = autograd && c10::GradMode::is_enabled() &&
+                    (tq.requires_grad() || tk.requires_grad() || tv.requires_grad() ||
+                     (ts && ts->requires_grad()));
+  if (grad) {
+    auto r = FFAFunction::apply(tq, tk, tv, ts, &c);
+    return nb::make_tuple(wrap(r[0]), wrap(r[1]), wrap(r[2]));
+  }
+  auto [out, lse, max_logits] = run_forward(tq, tk, tv, ts, c);
+  return nb::make_tuple(wrap(out), wrap(lse), wrap(max_logits));
+}
+
 // (out, lse, max_logits); differentiable in q, k, v and sink when `autograd` and torch's
-// grad mode ask for it (the custom op's impl passes false: its autograd rule is registered).
+// grad mode ask for it.
 nb::tuple forward(nb::handle q, nb::handle k, nb::handle v, nb::handle q_ranges,
                   nb::handle k_ranges, nb::handle types, nb::handle prepared, nb::handle sink,
                   const std::string& sink_layout, std::optional<double> softmax_scale,
@@ -282,19 +311,158 @@ nb::tuple forward(nb::handle q, nb::handle k, nb::handle v, nb::handle q_ranges,
   c.return_max_logits = return_max_logits;
   c.sm_margin = sm_margin;
   c.stream = stream;
-  const at::Tensor& tq = tensor(q, "q");
-  const at::Tensor& tk = tensor(k, "k");
-  const at::Tensor& tv = tensor(v, "v");
-  const std::optional<at::Tensor> ts = optional_tensor(sink, "sink");
-  const bool grad = autograd && c10::GradMode::is_enabled() &&
-                    (tq.requires_grad() || tk.requires_grad() || tv.requires_grad() ||
-                     (ts && ts->requires_grad()));
-  if (grad) {
-    auto r = FFAFunction::apply(tq, tk, tv, ts, &c);
-    return nb::make_tuple(wrap(r[0]), wrap(r[1]), wrap(r[2]));
+  return run(c, tensor(q, "q"), tensor(k, "k"), tensor(v, "v"), optional_tensor(sink, "sink"),
+             autograd);
+}
+
+// The last few masks `call` was given, by the identity of their range tensors: the same live
+// tensors (a weak reference holds each TensorImpl's address, so no other tensor can take it)
+// at the same torch version counters, with the same Nq and Nk. That is functional.py's
+// identity rule, so a hit here is what a lookup there would return, without the Python
+// frame. Misses, and anything during a CUDA-graph capture (where Python pins what a graph
+// uses), go to functional.prepared_mask. Each entry holds its PreparedMask: the cache's bound
+// grows by these entries (kSize); clear_mask_cache() empties it (forget_recent).
+class RecentMasks {
+ public:
+  static constexpr int kSize = 8;
+
+  // The PreparedMask of these ranges, or a null handle.
+  nb::handle find(const at::Tensor& q, const at::Tensor& k, const std::optional<at::Tensor>& t,
+                  std::int64_t nq, std::int64_t nk) {
+    for (int i = 0; i < kSize; ++i) {
+      Entry& e = entries_[std::size_t(i)];
+      if (e.prepared.is_valid() && e.matches(q, k, t, nq, nk)) {
+        if (i != 0) std::swap(entries_[0], e);  // the hot mask first: one compare a call
+        return entries_[0].prepared;
+      }
+    }
+    return {};
   }
-  auto [out, lse, max_logits] = run_forward(tq, tk, tv, ts, c);
-  return nb::make_tuple(wrap(out), wrap(lse), wrap(max_logits));
+
+  void remember(const at::Tensor& q, const at::Tensor& k, const std::optional<at::Tensor>& t,
+                std::int64_t nq, std::int64_t nk, nb::handle prepared) {
+    if (q.is_inference() || k.is_inference() || (t && t->is_inference())) return;  // no versions
+    std::rotate(entries_.begin(), entries_.end() - 1, entries_.end());  // the oldest goes
+    Entry& e = entries_[0];
+    e.q = Slot(q), e.k = Slot(k), e.t = t ? Slot(*t) : Slot();
+    e.nq = nq, e.nk = nk;
+    e.prepared = nb::borrow(prepared);
+  }
+
+  void forget(const at::Tensor& q, const at::Tensor& k, const std::optional<at::Tensor>& t,
+              std::int64_t nq, std::int64_t nk) {
+    for (Entry& e : entries_)
+      if (e.prepared.is_valid() && e.matches(q, k, t, nq, nk)) e = Entry();
+  }
+
+  void clear() { entries_.fill(Entry()); }
+
+ private:
+  struct Slot {  // one range tensor (none for attn_type_map=None)
+    Slot() = default;
+    explicit Slot(const at::Tensor& x)
+        : impl(x.unsafeGetTensorImpl()),
+          alive(c10::weak_intrusive_ptr<c10::TensorImpl>(x.getIntrusivePtr())),
+          version(x._version()) {}
+    bool is(const at::Tensor* x) const {
+      return x == nullptr ? impl == nullptr
+                          : impl == x->unsafeGetTensorImpl() && version == x->_version();
+    }
+    const c10::TensorImpl* impl = nullptr;
+    c10::weak_intrusive_ptr<c10::TensorImpl> alive{
+        c10::weak_intrusive_ptr<c10::TensorImpl>(c10::intrusive_ptr<c10::TensorImpl>())};
+    std::uint32_t version = 0;
+  };
+  struct Entry {
+    bool matches(const at::Tensor& qr, const at::Tensor& kr, const std::optional<at::Tensor>& tr,
+                 std::int64_t n_q, std::int64_t n_k) const {
+      return nq == n_q && nk == n_k && q.is(&qr) && k.is(&kr) && t.is(tr ? &*tr : nullptr);
+    }
+    Slot q, k, t;
+    std::int64_t nq = -1, nk = -1;
+    nb::object prepared;
+  };
+  std::array<Entry, kSize> entries_{};
+};
+
+RecentMasks& recent() {  // used with the GIL held only
+  static RecentMasks* masks = new RecentMasks();  // never destroyed: it holds Python objects
+  return *masks;
+}
+
+bool exact_tensor(nb::handle h) { return THPVariable_CheckExact(h.ptr()); }
+
+// Range tensors the identity rule applies to (functional.prepared_mask's `by_identity`):
+// int32/int64 tensors all on the CPU or all on the GPU (the GPU only for a GPU call).
+bool identity_ranges(const at::Tensor& q, const at::Tensor& qr, const at::Tensor& kr,
+                     const std::optional<at::Tensor>& tr) {
+  const bool cuda = qr.is_cuda();
+  const auto ok = [cuda](const at::Tensor& r) {
+    return is_range_dtype(r) && (cuda ? r.is_cuda() : r.is_cpu());
+  };
+  return ok(qr) && ok(kr) && (!tr || ok(*tr)) && (q.is_cuda() || !cuda);
+}
+
+// The public flex_flash_attn_func's common case in one call: plain torch tensors and Python
+// scalars of the expected types, the mask looked up here first. (out, lse, max_logits), or
+// None where anything is unusual (another type, a tensor subclass, a CUDA-graph capture, CPU
+// ranges written behind torch's back): the caller then takes the Python path, which checks
+// everything and names the culprit.
+nb::object call(nb::handle q, nb::handle k, nb::handle v, nb::handle q_ranges,
+                nb::handle k_ranges, nb::handle types, nb::handle sink, nb::handle sink_layout,
+                nb::handle softmax_scale, nb::handle softcap, nb::handle deterministic,
+                nb::handle return_max_logits, nb::handle sm_margin) {
+  const auto number = [](nb::handle h) {
+    return PyFloat_CheckExact(h.ptr()) || PyLong_CheckExact(h.ptr());
+  };
+  if (!exact_tensor(q) || !exact_tensor(k) || !exact_tensor(v) || !exact_tensor(q_ranges) ||
+      !exact_tensor(k_ranges) || !(types.is_none() || exact_tensor(types)) ||
+      !(sink.is_none() || exact_tensor(sink)) || !PyUnicode_CheckExact(sink_layout.ptr()) ||
+      !(softmax_scale.is_none() || number(softmax_scale)) || !number(softcap) ||
+      !PyBool_Check(deterministic.ptr()) || !PyBool_Check(return_max_logits.ptr()) ||
+      !PyLong_CheckExact(sm_margin.ptr()) || g_prepared_mask == nullptr) {
+    return nb::none();
+  }
+  const at::Tensor& tq = THPVariable_Unpack(q.ptr());
+  const at::Tensor& tk = THPVariable_Unpack(k.ptr());
+  const at::Tensor& tv = THPVariable_Unpack(v.ptr());
+  if (tq.dim() != 3 || tk.dim() != 3 || tv.dim() != 3) return nb::none();
+  Call c;
+  c.q_ranges = THPVariable_Unpack(q_ranges.ptr());
+  c.k_ranges = THPVariable_Unpack(k_ranges.ptr());
+  if (!types.is_none()) c.types = THPVariable_Unpack(types.ptr());
+  if (!identity_ranges(tq, c.q_ranges, c.k_ranges, c.types)) return nb::none();
+  if (tq.is_cuda()) {
+    nb::object capturing = nb::steal(PyObject_CallNoArgs(g_capturing));
+    if (!capturing.is_valid()) throw nb::python_error();
+    if (capturing.ptr() != Py_False) return nb::none();
+    nb::object s = nb::steal(PyObject_CallOneArg(g_raw_stream, nb::int_(tq.get_device()).ptr()));
+    if (!s.is_valid()) throw nb::python_error();
+    c.stream = nb::cast<std::uintptr_t>(s);
+  }
+  const std::int64_t nq = tq.size(0), nk = tk.size(0);
+  // A reference of our own: the kernel call releases the GIL, and another thread's call may
+  // replace the entry meanwhile.
+  nb::object pm = nb::borrow(recent().find(c.q_ranges, c.k_ranges, c.types, nq, nk));
+  if (!pm.is_valid()) {
+    pm = nb::handle(g_prepared_mask)(nq, nk, q_ranges, k_ranges, types,
+                                     nb::arg("_cpu_by_identity") = true);
+    recent().remember(c.q_ranges, c.k_ranges, c.types, nq, nk, pm);
+  }
+  c.mask = g_api->prepared(pm.ptr());
+  if (c.mask == nullptr) value_error("prepared_mask: did not return a magiattn._C.PreparedMask");
+  if (!c.q_ranges.is_cuda() && !host_ranges_match(*c.mask, c.q_ranges, c.k_ranges, c.types)) {
+    recent().forget(c.q_ranges, c.k_ranges, c.types, nq, nk);
+    return nb::none();  // the Python path finds the stale record and looks up by content
+  }
+  if (!softmax_scale.is_none()) c.softmax_scale = nb::cast<double>(softmax_scale);
+  c.softcap = nb::cast<double>(softcap);
+  c.sink_layout = nb::cast<std::string>(sink_layout);
+  c.deterministic = deterministic.ptr() == Py_True;
+  c.return_max_logits = return_max_logits.ptr() == Py_True;
+  c.bare = true;
+  c.sm_margin = nb::cast<int>(sm_margin);
+  return run(c, tq, tk, tv, optional_tensor(sink, "sink"), true);
 }
 
 }  // namespace
@@ -314,14 +482,33 @@ NB_MODULE(_torch, m) {
   // torch's C++ ABI changes between releases: torch_ops.py uses this module only with the
   // torch it was compiled against.
   m.attr("built_with_torch") = MAGI_TORCH_VERSION;
-  m.def("set_backward", [](nb::object f) {
-    PyObject* old = magi::py::g_backward;
-    magi::py::g_backward = f.release().ptr();
+  const auto keep = [](PyObject*& slot, nb::object f) {
+    PyObject* old = slot;
+    slot = f.release().ptr();
     Py_XDECREF(old);
-  }, "backward"_a,
+  };
+  m.def("set_backward", [keep](nb::object f) { keep(magi::py::g_backward, std::move(f)); },
+        "backward"_a,
         "the Python function the autograd node calls: (dout, q, k, v, out, lse, q_ranges, "
         "k_ranges, attn_type_map, sink, sink_layout, softmax_scale, softcap, deterministic, "
         "sm_margin) -> (dq, dk, dv, dsink or None)");
+  m.def("set_lookup", [keep](nb::object prepared_mask, nb::object raw_stream,
+                             nb::object capturing) {
+    keep(magi::py::g_prepared_mask, std::move(prepared_mask));
+    keep(magi::py::g_raw_stream, std::move(raw_stream));
+    keep(magi::py::g_capturing, std::move(capturing));
+    magi::py::recent().clear();
+  }, "prepared_mask"_a, "raw_stream"_a, "capturing"_a,
+        "what `call` asks Python: the mask cache on a miss (functional.prepared_mask), torch's "
+        "current raw stream of a device and whether the current stream is being captured");
+  m.def("call", &magi::py::call, "q"_a, "k"_a, "v"_a, "q_ranges"_a, "k_ranges"_a,
+        "attn_type_map"_a.none(), "sink"_a.none(), "sink_layout"_a, "softmax_scale"_a.none(),
+        "softcap"_a, "deterministic"_a, "return_max_logits"_a, "sm_margin"_a,
+        "(out, lse, max_logits or None) of flex_flash_attn_func's common case (plain tensors, "
+        "Python scalars, no CUDA-graph capture), the mask looked up by identity here first; "
+        "None where the Python path must decide");
+  m.def("forget_recent", [] { magi::py::recent().clear(); },
+        "drop the masks `call` keeps by identity (clear_mask_cache)");
   m.def("forward", &magi::py::forward, "q"_a, "k"_a, "v"_a, "q_ranges"_a, "k_ranges"_a,
         "attn_type_map"_a.none(), "prepared"_a, "sink"_a.none(), "sink_layout"_a,
         "softmax_scale"_a.none(), "softcap"_a, "deterministic"_a, "return_max_logits"_a,

@@ -214,3 +214,27 @@ def test_write_the_version_counter_misses_gives_nan(gpu_built):
     assert qr._version == version
     out, meta = magiattn.flex_flash_attn_func(q, k, v, qr, kr, tm)
     assert torch.isnan(out.float()).all() and torch.isnan(meta.lse).all()
+
+
+def test_the_cpp_call_runs_on_torchs_current_stream(gpu_built):
+    """The public call's C++ path (magiattn._torch.call) asks torch for the current stream:
+    with the default stream busy for a second, a call made on a side stream finishes on the
+    side stream long before, with the right result."""
+    n = 2048
+    q, k, v = qkv(n, seed=20)
+    qr, kr, tm = ranges_of(masks.build_family("varlen-causal", n, seed=21))
+    want, _ = fresh(q, k, v, qr, kr, tm)
+    magiattn.flex_flash_attn_func(q, k, v, qr, kr, tm)  # first use: the mask is looked up
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    torch.cuda.synchronize()
+    torch.cuda._sleep(2_000_000_000)  # the default stream: about a second busy
+    with torch.cuda.stream(side):
+        torch.full_like(want, float("nan"))  # freed at once: the block `out` likely reuses
+        out, _ = magiattn.flex_flash_attn_func(q, k, v, qr, kr, tm)
+        done = torch.cuda.Event()
+        done.record()
+    done.synchronize()
+    assert not torch.cuda.current_stream().query(), "the default stream finished first"
+    assert torch.equal(out, want)
+    torch.cuda.synchronize()

@@ -42,8 +42,14 @@ def _ranges(mask, dtype=torch.int32):
 
 
 def _run(front, q, k, v, ranges, **kw):
-    saved = torch_ops._cpp
-    torch_ops._cpp = front
+    """One forward + backward through `front`: "call" (the public function's C++ fast path,
+    mask lookup in C++), "forward" (torch_ops' path: lookup in Python, the rest in C++) or
+    "python" (no magiattn._torch)."""
+    saved = torch_ops._cpp, functional._torch_fast
+    if front != "call":
+        functional._torch_fast = None
+    if front == "python":
+        torch_ops._cpp = None
     try:
         for x in (q, k, v, kw.get("sink")):
             if x is not None:
@@ -53,7 +59,7 @@ def _run(front, q, k, v, ranges, **kw):
         grads = [x.grad.clone() for x in (q, k, v, kw.get("sink")) if x is not None]
         return out.detach(), meta, grads, out.grad_fn
     finally:
-        torch_ops._cpp = saved
+        torch_ops._cpp, functional._torch_fast = saved
 
 
 @pytest.mark.parametrize("options", [
@@ -68,18 +74,19 @@ def test_same_bits_as_the_python_front(options):
     kw = dict(options)
     if kw.get("sink") == "sh":
         kw["sink"] = torch.randn(2, q.shape[1], dtype=torch.float64).requires_grad_()
-    fast = _run(torch_ops._cpp, q, k, v, ranges, **kw)
-    slow = _run(None, q, k, v, ranges, **kw)
-    assert torch.equal(fast[0], slow[0])
-    assert torch.equal(fast[1].lse, slow[1].lse)
-    if kw.get("return_max_logits"):
-        assert torch.equal(fast[1].max_logits, slow[1].max_logits)
-    else:
-        assert fast[1].max_logits is None and slow[1].max_logits is None
-    assert len(fast[2]) == len(slow[2])
-    for a, b in zip(fast[2], slow[2]):
-        assert torch.equal(a, b)
-    assert type(fast[3]).__name__ == "CppFunction"
+    slow = _run("python", q, k, v, ranges, **kw)
+    for front in ("call", "forward"):
+        fast = _run(front, q, k, v, ranges, **kw)
+        assert torch.equal(fast[0], slow[0])
+        assert torch.equal(fast[1].lse, slow[1].lse)
+        if kw.get("return_max_logits"):
+            assert torch.equal(fast[1].max_logits, slow[1].max_logits)
+        else:
+            assert fast[1].max_logits is None and slow[1].max_logits is None
+        assert len(fast[2]) == len(slow[2])
+        for a, b in zip(fast[2], slow[2]):
+            assert torch.equal(a, b)
+        assert type(fast[3]).__name__ == "CppFunction"
 
 
 def test_autograd_only_when_asked():
@@ -222,3 +229,87 @@ def test_threads_share_the_front():
         t.join()
     assert not errors
     assert len(results) == 80 and all(torch.equal(r, want) for r in results)
+
+
+class _CountingLookup:
+    """functional.prepared_mask as `call` sees it, counting the calls (the misses of its
+    identity table)."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, *args, **kw):
+        self.calls += 1
+        return functional.prepared_mask(*args, **kw)
+
+
+@pytest.fixture
+def lookup():
+    counting = _CountingLookup()
+    torch_ops._cpp.set_lookup(counting, lambda device: 0, lambda: False)
+    magiattn.clear_mask_cache()
+    try:
+        yield counting
+    finally:
+        torch_ops._cpp.set_lookup(functional.prepared_mask, torch._C._cuda_getCurrentRawStream
+                                  if hasattr(torch._C, "_cuda_getCurrentRawStream")
+                                  else (lambda device: 0),
+                                  getattr(torch._C, "_cuda_isCurrentStreamCapturing",
+                                          lambda: False))
+        magiattn.clear_mask_cache()
+
+
+def test_call_asks_python_only_on_a_miss(lookup):
+    q, k, v = (x.detach() for x in _inputs())
+    ranges = _ranges(masks.varlen_causal([0, 40, 96]))
+    want = _reference(q, k, v, ranges)
+    lookup.calls = 0
+    for _ in range(5):
+        assert torch.equal(magiattn.flex_flash_attn_func(q, k, v, *ranges)[0], want)
+    assert lookup.calls == 1  # the first call; the rest are identity hits in C++
+    ranges[1].add_(0)  # an in-place write through torch: the version counter moves
+    magiattn.flex_flash_attn_func(q, k, v, *ranges)
+    assert lookup.calls == 2
+    magiattn.flex_flash_attn_func(q, k, v, *(r.clone() for r in ranges))  # other tensors
+    assert lookup.calls == 3
+    magiattn.clear_mask_cache()  # empties the C++ table too
+    magiattn.flex_flash_attn_func(q, k, v, *ranges)
+    assert lookup.calls == 4
+    # the same tensors with another Nq / Nk are another mask
+    magiattn.flex_flash_attn_func(torch.cat([q, q[:8]]), k, v, *ranges)
+    assert lookup.calls == 5
+
+
+def test_call_with_more_masks_than_its_table(lookup):
+    q, k, v = (x.detach() for x in _inputs())
+    cuts = [[0, 8 * i + 8, 96] for i in range(11)]  # 11 masks > the table's 8 entries
+    ranges = [_ranges(masks.varlen_causal(c)) for c in cuts]
+    want = [_reference(q, k, v, r) for r in ranges]
+    lookup.calls = 0
+    for _ in range(3):
+        for r, w in zip(ranges, want):
+            assert torch.equal(magiattn.flex_flash_attn_func(q, k, v, *r)[0], w)
+    assert lookup.calls == 3 * len(ranges)  # round robin over more than 8: every call misses
+    lookup.calls = 0
+    for _ in range(3):
+        for r, w in zip(ranges[:8], want[:8]):
+            assert torch.equal(magiattn.flex_flash_attn_func(q, k, v, *r)[0], w)
+    assert lookup.calls == 8  # eight fit
+
+
+def test_call_leaves_unusual_arguments_to_python(lookup):
+    q, k, v = (x.detach() for x in _inputs())
+    ranges = _ranges(masks.causal(96, 96))
+    want = magiattn.flex_flash_attn_func(q, k, v, *ranges, softcap=2.0)[0]
+    lookup.calls = 0
+    # numpy scalars, a Parameter, ranges as lists: the Python path (same result, no C++ lookup)
+    got = magiattn.flex_flash_attn_func(q, k, v, *ranges, softcap=np.float32(2.0))[0]
+    assert torch.equal(got, want)
+    got = magiattn.flex_flash_attn_func(torch.nn.Parameter(q), k, v, *ranges, softcap=2.0)[0]
+    assert torch.equal(got.detach(), want)
+    got = magiattn.flex_flash_attn_func(q, k, v, *(r.tolist() for r in ranges), softcap=2.0)[0]
+    assert torch.equal(got, want)
+    assert lookup.calls == 0
+    with pytest.raises(ValueError, match="softcap"):
+        magiattn.flex_flash_attn_func(q, k, v, *ranges, softcap=-1.0)
+
