@@ -467,7 +467,7 @@ def flex_flash_attn_func(
                                softmax_scale, softcap, deterministic, return_max_logits,
                                sm_margin)
             if r is not None:
-                return r[0], AttnForwardMeta(r[1], r[2])
+                return r[0], AttnForwardMeta(r[1], r[2] if return_max_logits else None)
         from . import torch_ops
 
         return torch_ops.flex_flash_attn_func(

@@ -167,23 +167,24 @@ struct Call {
   double softcap = 0.0;
   std::string sink_layout;
   bool deterministic = false, return_max_logits = false;
-  bool bare = false;  // no max_logits tensor unless asked for (`call`)
+  bool bare = false;  // no max_logits [0] without return_max_logits (`call`; not the custom
+                      // op, whose schema returns a tensor)
   int sm_margin = 0;
   std::uintptr_t stream = 0;
 };
 
+// out, lse, max_logits; max_logits undefined when not asked for and `bare` (an autograd node
+// cannot return an undefined tensor: it records a view check on each output).
 std::array<at::Tensor, 3> run_forward(const at::Tensor& q, const at::Tensor& k,
                                       const at::Tensor& v, const std::optional<at::Tensor>& sink,
-                                      const Call& c) {
+                                      const Call& c, bool bare) {
   if (q.dim() != 3) value_error("q: expected 3 dims, got " + std::to_string(q.dim()));
   const at::ScalarType compute = q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
   const at::TensorOptions opts = q.options();
   at::Tensor out = at::empty(q.sizes(), opts);
   at::Tensor lse = at::empty({q.size(0), q.size(1)}, opts.dtype(compute));
-  // Without return_max_logits: [0] for the custom op (its schema returns a tensor), none for
-  // `call` (one allocation less).
   at::Tensor max_logits;
-  if (c.return_max_logits || !c.bare)
+  if (c.return_max_logits || !bare)
     max_logits = at::empty({c.return_max_logits ? q.size(1) : 0}, opts.dtype(compute));
   FwdArgs a;
   a.q = view(q, "q");
@@ -228,7 +229,7 @@ struct FFAFunction : torch::autograd::Function<FFAFunction> {
                                                 const at::Tensor& v,
                                                 const std::optional<at::Tensor>& sink,
                                                 const Call* call) {
-    auto [out, lse, max_logits] = run_forward(q, k, v, sink, *call);
+    auto [out, lse, max_logits] = run_forward(q, k, v, sink, *call, false);
     ctx->save_for_backward({q, k, v, out, lse, call->q_ranges, call->k_ranges,
                             call->types.value_or(at::Tensor()), sink.value_or(at::Tensor())});
     ctx->saved_data["sink_layout"] = call->sink_layout;
@@ -283,7 +284,7 @@ nb::tuple run(const Call& c, const at::Tensor& tq, const at::Tensor& tk, const a
     auto r = FFAFunction::apply(tq, tk, tv, ts, &c);
     return nb::make_tuple(wrap(r[0]), wrap(r[1]), wrap(r[2]));
   }
-  auto [out, lse, max_logits] = run_forward(tq, tk, tv, ts, c);
+  auto [out, lse, max_logits] = run_forward(tq, tk, tv, ts, c, c.bare);
   return nb::make_tuple(wrap(out), wrap(lse), wrap(max_logits));
 }
 
