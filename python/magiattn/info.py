@@ -71,8 +71,8 @@ def _lines(d: dict[str, Any]) -> list[str]:
         f"magiattn {d['version']}, Python {d['python']}, {d['platform']}",
         f"CPU backend: compiled with {d['cpu_isa']}; running its {d['cpu_kernels']} kernels; "
         "this CPU has " + (", ".join(d["cpu_features"]) or "none of avx2, fma, avx512f"),
-        "GPU backend: " + (f"built with CUDA {d['cuda_version']}; sm90 forward kernels: "
-                           + (d["sm90_forward"] or "none") if d["cuda"] else
+        "GPU backend: " + (f"built with CUDA {d['cuda_version']}; sm90 kernels (forward "
+                           "and backward): " + (d["sm90_forward"] or "none") if d["cuda"] else
                            "not built (no nvcc or CUTLASS headers at build time, or "
                            "MAGI_CUDA_KERNELS=none)"),
         f"GPUs visible: {gpu_text}",
