@@ -295,9 +295,9 @@ class DistAttnRuntimeKey:
             if int(value) != value or value <= 0:
                 raise ValueError(f"{name}: {value} must be a positive integer")
         margin = getattr(config, "sm_margin", 0)
-        if not isinstance(margin, int) or isinstance(margin, bool) or margin < 0:
-            raise ValueError(f"dist_attn_config.sm_margin: {margin} must be a non-negative "
-                             "integer (SMs the attention kernels leave free)")
+        if not isinstance(margin, int) or isinstance(margin, bool) or not 0 <= margin < 2**31:
+            raise ValueError(f"dist_attn_config.sm_margin: {margin} must be an integer in "
+                             "[0, 2**31) (SMs the attention kernels leave free)")
         if num_heads_q % num_heads_kv:
             raise ValueError(f"num_heads_q {num_heads_q} is not a multiple of num_heads_kv "
                              f"{num_heads_kv}")

@@ -349,11 +349,11 @@ def _compiling() -> bool:
 
 
 def _check_sm_margin(sm_margin: Any) -> int:
-    if sm_margin.__class__ is int and sm_margin >= 0:  # the common case, first
+    if sm_margin.__class__ is int and 0 <= sm_margin < 2**31:  # the common case, first
         return sm_margin
-    if not _is_int(sm_margin) or sm_margin < 0:
-        raise ValueError(f"sm_margin: {sm_margin!r} must be an int >= 0 (SMs left free on the "
-                         "GPU; the CPU ignores it)")
+    if not _is_int(sm_margin) or not 0 <= sm_margin < 2**31:
+        raise ValueError(f"sm_margin: {sm_margin!r} must be an int in [0, 2**31) (SMs left "
+                         "free on the GPU; the CPU ignores it)")
     return int(sm_margin)
 
 

@@ -75,9 +75,10 @@ def test_each_no_op_warns_once_per_process(fresh_warnings):
 
 
 @pytest.mark.parametrize("kwargs,err,match", [
-    ({"sm_margin": -1}, ValueError, "sm_margin: -1 must be an int >= 0"),
+    ({"sm_margin": -1}, ValueError, "sm_margin: -1 must be an int in"),
     ({"sm_margin": 1.5}, ValueError, "sm_margin: 1.5"),
     ({"sm_margin": True}, ValueError, "sm_margin: True"),
+    ({"sm_margin": 2**40}, ValueError, "sm_margin: 1099511627776 must be an int in"),
     ({"swap_ab": "yes"}, ValueError, "swap_ab: 'yes' must be a bool"),
     ({"disable_fwd_atomic_reduction": 1}, ValueError, "disable_fwd_atomic_reduction: 1"),
     ({"q_block_size": 0}, ValueError, "q_block_size: 0 must be a positive int"),

@@ -138,6 +138,8 @@ def test_bad_arguments_name_the_culprit():
         magiattn.flex_flash_attn_func(q, k.float(), v, *ranges)
     with pytest.raises(ValueError, match="q: dtype int32 is not supported"):
         magiattn.flex_flash_attn_func(q.int(), k, v, *ranges)
+    with pytest.raises(ValueError, match="sm_margin: 4294967296 must be an int in"):
+        magiattn.flex_flash_attn_func(q, k, v, *ranges, sm_margin=2**32)
     pm = functional.prepared_mask(96, 96, *ranges)
     with pytest.raises(ValueError, match="prepared: expected a magiattn._C.PreparedMask"):
         torch_ops._cpp.forward(q, k, v, *ranges, pm.mask, None, "sh", None, 0.0, False, False,
