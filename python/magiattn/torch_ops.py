@@ -262,11 +262,13 @@ def _backward(ctx, dout, _dlse, _dmax_logits):
 
 
 torch.library.register_autograd("magiattn::ffa_forward", _backward, setup_context=_setup_context)
+# What magiattn._torch.call asks torch (torch._C's, absent from CPU-only builds of torch):
+# the current raw stream of a device, and whether the current stream is being captured.
+_STREAM_HOOKS = (getattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 0),
+                 getattr(torch._C, "_cuda_isCurrentStreamCapturing", lambda: False))
 if _cpp is not None:
     _cpp.set_backward(_backward_impl)
-    _cpp.set_lookup(prepared_mask,
-                    getattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 0),
-                    getattr(torch._C, "_cuda_isCurrentStreamCapturing", lambda: False))
+    _cpp.set_lookup(prepared_mask, *_STREAM_HOOKS)
     functional._torch_fast = (_cpp.call, _cpp.forget_recent, torch.compiler.is_compiling)
 
 

@@ -35,8 +35,8 @@ namespace magi::py {
 namespace {
 
 const CApi* g_api = nullptr;
-// Python callables set once at import (set_backward, set_lookup); strong references kept for the life of the
-// process (a static nb::object would be released after the interpreter is gone):
+// Python callables set once at import (set_backward, set_lookup); strong references kept for
+// the life of the process (a static nb::object would be released after the interpreter is gone):
 // torch_ops._backward_impl, functional.prepared_mask, and torch._C's current raw stream and
 // capture state (a C++ extension built without torch's CUDA libraries cannot ask them).
 PyObject* g_backward = nullptr;
@@ -167,8 +167,6 @@ struct Call {
   double softcap = 0.0;
   std::string sink_layout;
   bool deterministic = false, return_max_logits = false;
-  bool bare = false;  // no max_logits [0] without return_max_logits (`call`; not the custom
-                      // op, whose schema returns a tensor)
   int sm_margin = 0;
   std::uintptr_t stream = 0;
 };
@@ -275,8 +273,10 @@ struct FFAFunction : torch::autograd::Function<FFAFunction> {
 
 // out, lse, max_logits of one call on c.mask, with the autograd node when `autograd` and
 // torch's grad mode ask for it (the custom op's impl passes false: its rule is registered).
+// `bare`: no max_logits [0] without return_max_logits (`call`; not the custom op, whose schema
+// returns a tensor, nor the autograd node).
 nb::tuple run(const Call& c, const at::Tensor& tq, const at::Tensor& tk, const at::Tensor& tv,
-              const std::optional<at::Tensor>& ts, bool autograd) {
+              const std::optional<at::Tensor>& ts, bool autograd, bool bare) {
   const bool grad = autograd && c10::GradMode::is_enabled() &&
                     (tq.requires_grad() || tk.requires_grad() || tv.requires_grad() ||
                      (ts && ts->requires_grad()));
@@ -284,7 +284,7 @@ nb::tuple run(const Call& c, const at::Tensor& tq, const at::Tensor& tk, const a
     auto r = FFAFunction::apply(tq, tk, tv, ts, &c);
     return nb::make_tuple(wrap(r[0]), wrap(r[1]), wrap(r[2]));
   }
-  auto [out, lse, max_logits] = run_forward(tq, tk, tv, ts, c, c.bare);
+  auto [out, lse, max_logits] = run_forward(tq, tk, tv, ts, c, bare);
   return nb::make_tuple(wrap(out), wrap(lse), wrap(max_logits));
 }
 
@@ -313,7 +313,7 @@ nb::tuple forward(nb::handle q, nb::handle k, nb::handle v, nb::handle q_ranges,
   c.sm_margin = sm_margin;
   c.stream = stream;
   return run(c, tensor(q, "q"), tensor(k, "k"), tensor(v, "v"), optional_tensor(sink, "sink"),
-             autograd);
+             autograd, false);
 }
 
 // The last few masks `call` was given, by the identity of their range tensors: the same live
@@ -461,9 +461,8 @@ nb::object call(nb::handle q, nb::handle k, nb::handle v, nb::handle q_ranges,
   c.sink_layout = nb::cast<std::string>(sink_layout);
   c.deterministic = deterministic.ptr() == Py_True;
   c.return_max_logits = return_max_logits.ptr() == Py_True;
-  c.bare = true;
   c.sm_margin = nb::cast<int>(sm_margin);
-  return run(c, tq, tk, tv, optional_tensor(sink, "sink"), true);
+  return run(c, tq, tk, tv, optional_tensor(sink, "sink"), true, true);
 }
 
 }  // namespace

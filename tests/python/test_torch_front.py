@@ -253,11 +253,7 @@ def lookup():
     try:
         yield counting
     finally:
-        torch_ops._cpp.set_lookup(functional.prepared_mask, torch._C._cuda_getCurrentRawStream
-                                  if hasattr(torch._C, "_cuda_getCurrentRawStream")
-                                  else (lambda device: 0),
-                                  getattr(torch._C, "_cuda_isCurrentStreamCapturing",
-                                          lambda: False))
+        torch_ops._cpp.set_lookup(functional.prepared_mask, *torch_ops._STREAM_HOOKS)
         magiattn.clear_mask_cache()
 
 
