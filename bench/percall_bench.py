@@ -17,10 +17,14 @@ Columns:
                (torch.cuda.graph), replayed --calls times
 Per column: GPU time per call = CUDA events around the whole loop / calls, after a warm-up and a
 synchronize; host time per call = perf_counter around the same loop with no synchronize inside
-it (the time until the calls are queued) / calls; TFLOP/s from the GPU time, FLOPs =
-4 * area * Hq * D, area = visible cells of the mask. Each number is the median of --reps loops,
-the columns' loops interleaved. Setup (ranges tensors, Flex's block mask and compile, the graph
-capture) stays outside the loops. A column that raises prints '-', its error once on stderr.
+it (the time until the calls are queued) / calls, printed twice: over the whole loop, and
+over calls 2..N ("steady"). The first call after a synchronize cost 28-207 us on an H200 host
+for every library, a one-element torch.add_ included (docs/benchmarks.md, 2026-12-03), which a
+training loop, never synchronising between its calls, does not pay on each call. TFLOP/s from
+the GPU time, FLOPs = 4 * area * Hq * D, area = visible cells of the mask. Each number is the
+median of --reps loops, the columns' loops interleaved. Setup (ranges tensors, Flex's block
+mask and compile, the graph capture) stays outside the loops. A column that raises prints '-',
+its error once on stderr.
 """
 from __future__ import annotations
 
@@ -55,24 +59,29 @@ def report(where: str, col: str, e: BaseException) -> None:
         print(f"  [{where}] {col}: {msg}", file=sys.stderr, flush=True)
 
 
-def one_loop(call, ctx, calls: int) -> tuple[float, float]:
-    """(GPU ms per call, host us per call) of one loop of `calls` calls, started on an idle GPU."""
+def one_loop(call, ctx, calls: int) -> tuple[float, float, float]:
+    """(GPU ms per call, host us per call, host us per call after the first) of one loop of
+    `calls` calls, started on an idle GPU."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     with ctx():
         torch.cuda.synchronize()
         start.record()
         t0 = time.perf_counter()
-        for _ in range(calls):
+        call()
+        t_first = time.perf_counter()
+        for _ in range(calls - 1):
             call()
         t1 = time.perf_counter()
         end.record()
         torch.cuda.synchronize()
-    return start.elapsed_time(end) / calls, (t1 - t0) * 1e6 / calls
+    steady = (t1 - t_first) * 1e6 / (calls - 1) if calls > 1 else float("nan")
+    return start.elapsed_time(end) / calls, (t1 - t0) * 1e6 / calls, steady
 
 
 def measure(cols: dict, reps: int, calls: int, warmup: int, where: str) -> dict:
-    """Median GPU ms and host us per call of each column {key: (call, ctx)}; the reps are
-    interleaved (rep 1 of every column, then rep 2, ...). A column that raises is dropped."""
+    """Median GPU ms, host us and steady host us per call of each column {key: (call, ctx)};
+    the reps are interleaved (rep 1 of every column, then rep 2, ...). A column that raises is
+    dropped."""
     for key in list(cols):
         call, ctx = cols[key]
         try:
@@ -83,19 +92,21 @@ def measure(cols: dict, reps: int, calls: int, warmup: int, where: str) -> dict:
         except Exception as e:  # noqa: BLE001 - report and go on
             report(where, key, e)
             del cols[key]
-    samples = {key: ([], []) for key in cols}
+    samples = {key: ([], [], []) for key in cols}
     for _ in range(reps):
         for key in list(cols):
             try:
-                gpu, host = one_loop(*cols[key], calls)
+                gpu, host, steady = one_loop(*cols[key], calls)
             except Exception as e:  # noqa: BLE001
                 report(where, key, e)
                 del cols[key], samples[key]
                 continue
             samples[key][0].append(gpu)
             samples[key][1].append(host)
+            samples[key][2].append(steady)
     return {key: {"gpu_ms": statistics.median(g), "host_us": statistics.median(h),
-                  "gpu_ms_all": g, "host_us_all": h} for key, (g, h) in samples.items()}
+                  "host_steady_us": statistics.median(st), "gpu_ms_all": g, "host_us_all": h,
+                  "host_steady_us_all": st} for key, (g, h, st) in samples.items()}
 
 
 def graph_replay(call, warmup: int):
@@ -163,8 +174,9 @@ def run_row(name: str, seqlen: int, q, k, v, args) -> dict:
 
 def format_row(row: dict, shown: list) -> str:
     res = row["columns"]
-    cells = "".join(f"{res[c]['tflops']:8.1f}{res[c]['host_us']:8.1f} |" if c in res
-                    else f"{'-':>8}{'-':>8} |" for c in shown)
+    host = lambda r: f"{r['host_us']:.0f}/{r['host_steady_us']:.0f}"  # noqa: E731
+    cells = "".join(f"{res[c]['tflops']:8.1f}{host(res[c]):>9} |" if c in res
+                    else f"{'-':>8}{'-':>9} |" for c in shown)
     ratio = lambda c: (f"{res['cuda-ranges']['tflops'] / res[c]['tflops']:8.2f}"  # noqa: E731
                        if c in res and "cuda-ranges" in res else f"{'-':>8}")
     return (f"{row['mask']:<20}{row['seqlen']:>7}{100 * row['area'] / row['seqlen']**2:>7.1f} |"
@@ -199,9 +211,10 @@ def main(argv=None) -> int:
             "args": vars(args), "columns": shown}
     print(f"# {meta['gpu']}, torch {meta['torch']}, {meta['date']}; {args.dtype}, Hq {hq}, "
           f"Hkv {hkv}, D {d}; median of {args.reps} loops x {args.calls} calls; per column "
-          f"TFLOP/s (GPU time) and host us/call (time to queue); ratios are cuda-ranges/x")
-    print(f"{'':<34} |" + "".join(f"{c:>16} |" for c in shown) + f"{'cuda/':>8}{'cuda/':>8}")
-    print(f"{'mask':<20}{'tokens':>7}{'area%':>7} |" + f"{'TFLOP/s':>8}{'host us':>8} |" * len(shown)
+          f"TFLOP/s (GPU time) and host us/call (time to queue: whole loop/calls 2..N); ratios "
+          f"are cuda-ranges/x")
+    print(f"{'':<34} |" + "".join(f"{c:>17} |" for c in shown) + f"{'cuda/':>8}{'cuda/':>8}")
+    print(f"{'mask':<20}{'tokens':>7}{'area%':>7} |" + f"{'TFLOP/s':>8}{'host us':>9} |" * len(shown)
           + f"{'cudnn':>8}{'flex':>8}")
     rows = []
     for seqlen in args.seqlens:
