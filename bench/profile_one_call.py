@@ -1,0 +1,56 @@
+"""A few calls of one attention implementation, nothing else: the process to put under a profiler.
+
+    ncu -k regex:ffa_bwd_kernel --launch-skip 1 --launch-count 1 \
+        python3 bench/profile_one_call.py --impl magiattn --backward
+    ncu -k regex:bprop --launch-skip 1 --launch-count 1 \
+        python3 bench/profile_one_call.py --impl cudnn --backward
+
+bf16, Hq:Hkv 32:8 (GQA), a full or causal mask, --calls forward (and backward) calls on the same
+inputs; magiattn gets CUDA range tensors, cuDNN SDPA the same q/k/v as [1, H, N, D] views.
+"""
+import argparse
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import magiattn
+from magiattn import masks
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--impl", choices=["magiattn", "cudnn"], default="magiattn")
+    ap.add_argument("--mask", choices=["full", "causal"], default="full")
+    ap.add_argument("--seqlen", type=int, default=16384)
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--backward", action="store_true")
+    ap.add_argument("--calls", type=int, default=2)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("no CUDA device: nothing to run")
+        return
+    n, d, causal = args.seqlen, args.head_dim, args.mask == "causal"
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(n, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
+               .requires_grad_(args.backward) for h in (32, 8, 8))
+    dout = torch.randn(n, 32, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    m = masks.causal(n, n) if causal else masks.full(n, n)
+    r = [torch.as_tensor(x, dtype=torch.int32).cuda()
+         for x in (m.q_ranges(), m.k_ranges(), m.attn_type_map())]
+    for _ in range(args.calls):
+        if args.impl == "magiattn":
+            out = magiattn.flex_flash_attn_func(q, k, v, *r)[0]
+        else:
+            qt, kt, vt = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal,
+                                                     enable_gqa=True)
+            out = out.squeeze(0).transpose(0, 1)
+        if args.backward:
+            out.backward(dout)
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()
