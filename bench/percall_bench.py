@@ -18,8 +18,8 @@ Columns:
 Per column: GPU time per call = CUDA events around the whole loop / calls, after a warm-up and a
 synchronize; host time per call = perf_counter around the same loop with no synchronize inside
 it (the time until the calls are queued) / calls, printed twice: over the whole loop, and
-over calls 2..N ("steady"). The first call after a synchronize cost 28-207 us on an H200 host
-for every library, a one-element torch.add_ included (docs/benchmarks.md, 2026-12-03), which a
+over calls 2..N ("steady"). The first call after a synchronize cost 24-207 us on an H200 host
+for every library in two runs, a one-element torch.add_ included (docs/benchmarks.md), which a
 training loop, never synchronising between its calls, does not pay on each call. TFLOP/s from
 the GPU time, FLOPs = 4 * area * Hq * D, area = visible cells of the mask. Each number is the
 median of --reps loops, the columns' loops interleaved. Setup (ranges tensors, Flex's block
