@@ -100,6 +100,14 @@ __device__ inline void st_shared(unsigned addr, float x, float y, float z, float
                "f"(w)
                : "memory");
 }
+// Four 8 x 8 matrices of 16-bit elements to shared memory, lane l giving the address of row
+// l % 8 of matrix l / 8 and, in register m, its pair of row l / 4 of matrix m (columns
+// 2 (l % 4), + 1): the layout of a wgmma accumulator's 8 x 8 pieces.
+__device__ inline void stmatrix4(unsigned addr, unsigned r0, unsigned r1, unsigned r2, unsigned r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr),
+               "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+               : "memory");
+}
 __device__ inline void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
 // Deterministic mode: wait until the block's turn counter reaches `ticket` (acquire), ordered
 // before the async proxy's reductions that follow. The scheduler makes the wait finite (an
@@ -218,7 +226,8 @@ struct BwdConfig {
     alignas(1024) T q[cute::cosize_v<LayoutQ>];
     alignas(1024) T dout[cute::cosize_v<LayoutQ>];
     alignas(1024) T ds[cute::cosize_v<LayoutDS>];
-    float lse2[kStages][kBlockM], delta[kStages][kBlockM];
+    alignas(16) float lse2[kStages][kBlockM];
+    alignas(16) float delta[kStages][kBlockM];
     detail::BwdBlockInfo info[kStages];
     alignas(8) cute::uint64_t kv_full, kv_empty, kv_checked;
     cute::uint64_t q_full[kStages], q_empty[kStages], q_checked[kStages];
@@ -538,11 +547,22 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
   const float cap_out = capped ? 1.f / cap2 : 0.f;
   constexpr int kPair = C::kConsumerThreads;
   constexpr int kBarDsFree = 1, kBarDsFull = 2;
-  // dS (rows, keys) as the dQ product's A operand, and the dQ staging buffers' address: the
-  // stores go as 32-bit shared addresses (through the generic pointers of a CuTe tensor they
-  // were 64-bit addresses and 2-byte generic stores).
-  Tensor sdS = make_tensor(make_smem_ptr(s.ds), typename C::LayoutDS{});
+  // The dQ staging buffers' address: the stores go as 32-bit shared addresses (through the
+  // generic pointers of a CuTe tensor they were 64-bit addresses and 2-byte generic stores).
   const unsigned dq_base = unsigned(__cvta_generic_to_shared(&s.dq[0][0][0]));
+  // dS^T to dS by stmatrix (8 x 8 matrices of 16-bit pairs, one 16-byte row address per
+  // lane): lane l addresses row l % 8 of matrix l / 8, which is key 16 w + 8 (l / 16) + l % 8
+  // of the warpgroup's keys and rows 8 (l / 8 % 2) .. + 7 of the block. dS (rows, keys) keeps
+  // a key's 64 rows in one 128-byte line whose 16-byte chunks are swizzled by key % 8 = l % 8
+  // (LayoutDS: byte 128 k + 16 (q / 8 ^ k % 8) + 2 (q % 8)); the chunk pair 2 jj of the
+  // matrices of stmatrix jj is then the address XOR 32 jj.
+  static_assert(kRows == 2 && kCols % 4 == 0 && C::kBlockM * sizeof(T) == 128);
+  const unsigned ds_row = [&] {
+    const int lane = wtid % 32, key_row = lane % 8;
+    const int key = (C::kSplitD ? 0 : kBW * wg) + 16 * (wtid / 32) + 8 * (lane / 16) + key_row;
+    return unsigned(__cvta_generic_to_shared(s.ds)) + 128u * unsigned(key) +
+           (unsigned((lane / 8 % 2) ^ key_row) << 4);
+  }();
 
   int blk = 0, kv_uses = 0, dq_blocks = 0;
   for (int n = 0;; ++n) {
@@ -590,6 +610,15 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
             }
           }
         };
+        // This block's lse in registers (16 rows), loaded before the products are issued: behind them
+        // the loads waited for the products' operand reads of shared memory.
+        float lse2[kCols];
+        CUTE_UNROLL
+        for (int j = 0; j < kCols; j += 2) {  // the thread's rows in pairs (q, q + 1)
+          const float2 l = *reinterpret_cast<const float2*>(&s.lse2[r.stage][get<1>(cS(0, j))]);
+          lse2[j] = l.x;
+          lse2[j + 1] = l.y;
+        }
         {
           Tensor tSrK = thr_sdp.partition_fragment_A(keys_of(s.k));
           detail::wg_gemm_issue(mma_sdp, tSrK, thr_sdp.partition_fragment_B(stage_of(s.q, typename C::LayoutQ{}, r.stage)),
@@ -598,10 +627,6 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
           detail::wg_gemm_issue(mma_sdp, tdPrV, thr_sdp.partition_fragment_B(stage_of(s.dout, typename C::LayoutQ{}, r.stage)),
                                 tdPrdP, true);
         }
-        // This block's lse in registers while the products run (16 rows).
-        float lse2[kCols];
-        CUTE_UNROLL
-        for (int j = 0; j < kCols; ++j) lse2[j] = s.lse2[r.stage][get<1>(cS(0, j))];
         warpgroup_wait<1>();  // S^T (dP^T may still run)
         warpgroup_fence_operand(tSrS);
         // P^T = exp(l - lse) with the logit l = scale * s, or c tanh(scale * s / c) under
@@ -630,10 +655,13 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
         // accumulator's element e). FlashAttention-3's order: no fp32 tile stays live beside
         // an A operand in flight (issuing dV before dS spilled and serialized every wgmma).
         CUTE_UNROLL
-        for (int i = 0; i < kRows; ++i) {
+        for (int j = 0; j < kCols; j += 2) {
+          const float2 d = *reinterpret_cast<const float2*>(&s.delta[r.stage][get<1>(cS(0, j))]);
           CUTE_UNROLL
-          for (int j = 0; j < kCols; ++j)
-            dP(i, j) = S(i, j) * (dP(i, j) - s.delta[r.stage][get<1>(cS(i, j))]);
+          for (int i = 0; i < kRows; ++i) {
+            dP(i, j) = S(i, j) * (dP(i, j) - d.x);
+            dP(i, j + 1) = S(i, j + 1) * (dP(i, j + 1) - d.y);
+          }
         }
         if constexpr (capped) {
           // dl / d(scale * s) = 1 - t^2 with t = l / c, l recovered from P itself (log2 P + lse
@@ -670,17 +698,19 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
         Tensor dS = make_tensor(tdSrdS.data(), detail::rowcol(tdPrdP.layout()));
         detail::named_sync(kBarDsFree, kPair);
         // Under kSplitD both warpgroups hold the same dS^T: each stores the keys of two of its
-        // four warps (warp w of a warpgroup holds keys 16 w .. 16 w + 15).
+        // four warps (warp w of a warpgroup holds keys 16 w .. 16 w + 15). stmatrix jj stores
+        // the warp's keys 0-7 and 8-15 by block rows 16 jj .. + 7 and 16 jj + 8 .. + 15
+        // (ds_row, above), from the thread's pairs of rows at its keys.
         if (!C::kSplitD || (wtid / 64) == wg) {
+          unsigned row = ds_row;  // opaque: kept as one register, not kCols / 4 hoisted ones
+          asm volatile("" : "+r"(row));
+          auto pair = [&](int i, int j) CUTLASS_LAMBDA_FUNC_INLINE {
+            return *reinterpret_cast<const unsigned*>(&dS(i, j));
+          };
           CUTE_UNROLL
-          for (int i = 0; i < kRows; ++i) {
-            CUTE_UNROLL
-            for (int j = 0; j < kCols; j += 2) {
-              const int q = get<1>(cS(i, j)), k = (C::kSplitD ? 0 : kBW * wg) + get<0>(cS(i, j));
-              detail::st_shared(unsigned(__cvta_generic_to_shared(raw_pointer_cast(&sdS(q, k)))),
-                                *reinterpret_cast<const unsigned*>(&dS(i, j)));
-            }
-          }
+          for (int jj = 0; jj < kCols / 4; ++jj)
+            detail::stmatrix4(row ^ unsigned(jj << 5), pair(0, 4 * jj), pair(0, 4 * jj + 2),
+                              pair(1, 4 * jj), pair(1, 4 * jj + 2));
         }
         cutlass::arch::fence_view_async_shared();  // generic writes before the wgmma reads
         // The staging buffer of this block's dQ free.
