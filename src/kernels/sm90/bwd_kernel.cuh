@@ -91,10 +91,7 @@ __device__ inline void bulk_commit() { asm volatile("cp.async.bulk.commit_group;
 __device__ inline void bulk_wait_read() {
   asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
 }
-// 4- and 16-byte stores to a shared-memory address.
-__device__ inline void st_shared(unsigned addr, unsigned v) {
-  asm volatile("st.shared.b32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
-}
+// A 16-byte store to a shared-memory address.
 __device__ inline void st_shared(unsigned addr, float x, float y, float z, float w) {
   asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "f"(x), "f"(y), "f"(z),
                "f"(w)
@@ -610,8 +607,8 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
             }
           }
         };
-        // This block's lse in registers (16 rows), loaded before the products are issued: behind them
-        // the loads waited for the products' operand reads of shared memory.
+        // This block's lse in registers (16 rows), loaded before the products are issued
+        // (behind them the loads waited for the products' operand reads of shared memory).
         float lse2[kCols];
         CUTE_UNROLL
         for (int j = 0; j < kCols; j += 2) {  // the thread's rows in pairs (q, q + 1)
