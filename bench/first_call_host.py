@@ -10,15 +10,20 @@ per call of call 1, calls 2-5, calls 6..N and the whole loop (the median over --
 the functions' loops interleaved), then a --long-calls loop's median and mean call.
 """
 import argparse
+import os
 import statistics
+import sys
 import time
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-import magiattn
-from magiattn import masks
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_attention_bench import range_tensors  # noqa: E402
+
+import magiattn  # noqa: E402
+from magiattn import masks  # noqa: E402
 
 
 def functions(seqlens) -> dict:
@@ -28,8 +33,7 @@ def functions(seqlens) -> dict:
         q, k, v = (torch.randn(n, h, 128, device="cuda", dtype=torch.bfloat16, generator=g)
                    for h in (32, 8, 8))
         m = masks.causal(n, n)
-        r = [torch.as_tensor(x, dtype=torch.int32).cuda()
-             for x in (m.q_ranges(), m.k_ranges(), m.attn_type_map())]
+        r = range_tensors(m, "cuda")
         qt, kt, vt = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))
         fns[f"magiattn {n}"] = lambda q=q, k=k, v=v, r=r: magiattn.flex_flash_attn_func(q, k, v, *r)
         fns[f"cudnn {n}"] = lambda qt=qt, kt=kt, vt=vt: F.scaled_dot_product_attention(

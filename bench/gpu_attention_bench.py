@@ -54,6 +54,13 @@ def time_ms(fns: dict, reps: int, inner: int) -> dict:
     return {key: statistics.median(t) for key, t in times.items()}
 
 
+def range_tensors(mask, device=None) -> tuple:
+    """The mask's slices as flex_flash_attn_func takes them: (q_ranges, k_ranges,
+    attn_type_map) as int32 tensors on `device` (None: the CPU)."""
+    return tuple(torch.as_tensor(x, dtype=torch.int32, device=device)
+                 for x in (mask.q_ranges(), mask.k_ranges(), mask.attn_type_map()))
+
+
 def build_mask(name: str, seqlen: int):
     kw = {}
     if name == "varlen-block-causal":
@@ -153,8 +160,7 @@ def main(argv=None) -> int:
             mask = build_mask(name, seqlen)
             flops = 4.0 * mask.area() * hq * d
             tf = lambda ms: flops / (ms * 1e-3) / 1e12
-            qr, kr, types = (torch.as_tensor(x, dtype=torch.int32) for x in (
-                mask.q_ranges(), mask.k_ranges(), mask.attn_type_map()))
+            qr, kr, types = range_tensors(mask)
             fns = {"magiattn": lambda: magiattn.flex_flash_attn_func(
                 q, k, v, q_ranges=qr, k_ranges=kr, attn_type_map=types)}
             if dense_ok(name):

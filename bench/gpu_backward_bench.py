@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_attention_bench import (SPEC_MASKS, build_mask, dense_ok, flex_runner,  # noqa: E402
-                                 time_ms)
+                                 range_tensors, time_ms)
 
 import magiattn  # noqa: E402
 
@@ -66,8 +66,7 @@ def main(argv=None) -> int:
         for name in args.masks:
             mask = build_mask(name, n)
             flops = 4.0 * int(mask.area()) * hq * d
-            ranges = tuple(torch.as_tensor(x, dtype=torch.int32).cuda()
-                           for x in (mask.q_ranges(), mask.k_ranges(), mask.attn_type_map()))
+            ranges = range_tensors(mask, "cuda")
             leaves = [x.detach().requires_grad_() for x in (q, k, v)]
             cols = {"magiattn": lambda: magiattn.flex_flash_attn_func(*leaves, *ranges)[0]}
             if args.deterministic:

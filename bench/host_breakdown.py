@@ -9,12 +9,17 @@ included (`_torch.call`); "Python front" rows force the Python per-call path for
 Each line: perf_counter over 200 calls / 200, no synchronisation inside the loop (the GPU work
 of a 2k causal call is shorter than its host time, so the queue never fills).
 """
+import os
+import sys
 import time
 
 import torch
 
-import magiattn
-from magiattn import _C, functional, masks, torch_ops
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_attention_bench import range_tensors  # noqa: E402
+
+import magiattn  # noqa: E402
+from magiattn import _C, functional, masks, torch_ops  # noqa: E402
 
 
 def host_us(fn, calls: int = 200) -> float:
@@ -35,8 +40,7 @@ def main() -> None:
     q, k, v = (torch.randn(n, h, d, generator=g).to(torch.bfloat16).cuda()
                for h in (hq, hkv, hkv))
     mask = masks.causal(n, n)
-    qr, kr, tm = (torch.as_tensor(x, dtype=torch.int32).cuda()
-                  for x in (mask.q_ranges(), mask.k_ranges(), mask.attn_type_map()))
+    qr, kr, tm = range_tensors(mask, "cuda")
     pm = functional.prepared_mask(n, n, qr, kr, tm)
     out, lse = torch.empty_like(q), torch.empty(n, hq, device="cuda")
     ws = torch.empty(_C.forward_workspace_bytes(n, hkv), dtype=torch.uint8, device="cuda")

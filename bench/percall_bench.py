@@ -41,7 +41,8 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_attention_bench import SPEC_MASKS, build_mask, dense_ok, flex_runner  # noqa: E402
+from gpu_attention_bench import (SPEC_MASKS, build_mask, dense_ok, flex_runner,  # noqa: E402
+                                 range_tensors)
 
 import magiattn  # noqa: E402
 
@@ -137,9 +138,7 @@ def run_row(name: str, seqlen: int, q, k, v, args) -> dict:
     where = f"{name} {seqlen}"
     mask = build_mask(name, seqlen)
     area = int(mask.area())
-    # as gpu_attention_bench.main: the mask's slices as int32 tensors, types as int32
-    cpu_r = tuple(torch.as_tensor(x, dtype=torch.int32) for x in (
-        mask.q_ranges(), mask.k_ranges(), mask.attn_type_map()))
+    cpu_r = range_tensors(mask)
     cuda_r = tuple(x.to("cuda") for x in cpu_r)
     none = contextlib.nullcontext
     magi = lambda r: lambda: magiattn.flex_flash_attn_func(q, k, v, r[0], r[1], r[2])  # noqa: E731

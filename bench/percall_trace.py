@@ -21,7 +21,7 @@ import tempfile
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_attention_bench import SPEC_MASKS, build_mask  # noqa: E402
+from gpu_attention_bench import SPEC_MASKS, build_mask, range_tensors  # noqa: E402
 
 import magiattn  # noqa: E402
 
@@ -76,8 +76,7 @@ def main(argv=None) -> int:
         v = torch.randn(n, 8, 128, device="cuda", dtype=torch.bfloat16, generator=gen)
         mask = build_mask(name, n)
         flops = 4.0 * int(mask.area()) * 32 * 128
-        ranges = tuple(torch.as_tensor(x, dtype=torch.int32).cuda()
-                       for x in (mask.q_ranges(), mask.k_ranges(), mask.attn_type_map()))
+        ranges = range_tensors(mask, "cuda")
         cols = {"magiattn": (lambda: magiattn.flex_flash_attn_func(q, k, v, *ranges), None)}
         if name in ("full", "causal"):
             qt, kt, vt = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))

@@ -9,13 +9,18 @@ bf16, Hq:Hkv 32:8 (GQA), a full or causal mask, --calls forward (and backward) c
 inputs; magiattn gets CUDA range tensors, cuDNN SDPA the same q/k/v as [1, H, N, D] views.
 """
 import argparse
+import os
+import sys
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-import magiattn
-from magiattn import masks
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_attention_bench import range_tensors  # noqa: E402
+
+import magiattn  # noqa: E402
+from magiattn import masks  # noqa: E402
 
 
 def main() -> None:
@@ -36,8 +41,7 @@ def main() -> None:
                .requires_grad_(args.backward) for h in (32, 8, 8))
     dout = torch.randn(n, 32, d, device="cuda", dtype=torch.bfloat16, generator=g)
     m = masks.causal(n, n) if causal else masks.full(n, n)
-    r = [torch.as_tensor(x, dtype=torch.int32).cuda()
-         for x in (m.q_ranges(), m.k_ranges(), m.attn_type_map())]
+    r = range_tensors(m, "cuda")
     for _ in range(args.calls):
         if args.impl == "magiattn":
             out = magiattn.flex_flash_attn_func(q, k, v, *r)[0]
