@@ -31,7 +31,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .functional import AttnForwardMeta, _compute_dtype, _is_torch
+from .functional import AttnForwardMeta, _check_sm_margin, _compute_dtype, _is_torch
 from .masks import Mask, infer_attn_mask_from_cu_seqlens, make_mask
 from .plan import DistAttnConfig, PlanLike, load_plan
 
@@ -294,10 +294,7 @@ class DistAttnRuntimeKey:
                             ("head_dim", head_dim)):
             if int(value) != value or value <= 0:
                 raise ValueError(f"{name}: {value} must be a positive integer")
-        margin = getattr(config, "sm_margin", 0)
-        if not isinstance(margin, int) or isinstance(margin, bool) or not 0 <= margin < 2**31:
-            raise ValueError(f"dist_attn_config.sm_margin: {margin} must be an integer in "
-                             "[0, 2**31) (SMs the attention kernels leave free)")
+        _check_sm_margin(getattr(config, "sm_margin", 0), "dist_attn_config.sm_margin")
         if num_heads_q % num_heads_kv:
             raise ValueError(f"num_heads_q {num_heads_q} is not a multiple of num_heads_kv "
                              f"{num_heads_kv}")

@@ -348,11 +348,12 @@ def _compiling() -> bool:
     return compiler is not None and compiler.is_compiling()
 
 
-def _check_sm_margin(sm_margin: Any) -> int:
+def _check_sm_margin(sm_margin: Any, name: str = "sm_margin") -> int:
+    """The SMs the kernels leave free: an int in [0, 2**31) (the kernel parameter's range)."""
     if sm_margin.__class__ is int and 0 <= sm_margin < 2**31:  # the common case, first
         return sm_margin
     if not _is_int(sm_margin) or not 0 <= sm_margin < 2**31:
-        raise ValueError(f"sm_margin: {sm_margin!r} must be an int in [0, 2**31) (SMs left "
+        raise ValueError(f"{name}: {sm_margin!r} must be an int in [0, 2**31) (SMs left "
                          "free on the GPU; the CPU ignores it)")
     return int(sm_margin)
 

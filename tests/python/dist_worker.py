@@ -278,7 +278,7 @@ def validate():
     raises(ValueError, "dist_attn_config.sm_margin: -1", magiattn.magi_attn_flex_key,
            [[0, N]], [[0, N]], "causal", N, N, HQ, HKV, D,
            dist_attn_config=magiattn.DistAttnConfig(sm_margin=-1))
-    raises(ValueError, "dist_attn_config.sm_margin: 4294967296 must be an integer in",
+    raises(ValueError, "dist_attn_config.sm_margin: 4294967296 must be an int in",
            magiattn.magi_attn_flex_key, [[0, N]], [[0, N]], "causal", N, N, HQ, HKV, D,
            dist_attn_config=magiattn.DistAttnConfig(sm_margin=2**32))
     out, meta = magiattn.calc_attn(q, k, v, key)  # still works: no check broke the group
