@@ -4,6 +4,7 @@
 // hidden cell, so a kernel's per-piece predicate computes the same attention as the slice list.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 #include <vector>
 
@@ -149,6 +150,24 @@ void expect_tickets(const Mask& mask, std::int32_t bm, std::int32_t bn, const st
     }
   EXPECT_EQ(next, t.size());
   EXPECT_TRUE(dq_tickets(make_work_list(mask, bm, bn, TileAxis::kQuery), 0).empty());
+}
+
+TEST(Sm90WorkList, KeyTilePiecesRunFromTheLastRowsUp) {
+  // Three answers see one shared prefix tile (and the first answer its own keys 100..128 in
+  // it, a second piece of its rows): the pieces come last answer first,
+  // so every key tile's walk (each piece's blocks from its last down) visits rows descending.
+  const Mask mask = masks::shared_question(100, std::vector<std::int64_t>{70, 30, 90});
+  const WorkList w = make_work_list(mask, 64, 128, TileAxis::kKey);
+  const Tile& prefix = *std::find_if(w.tiles.begin(), w.tiles.end(),
+                                     [](const Tile& t) { return t.start == 0; });
+  std::vector<std::int32_t> q1s;
+  for (std::int32_t pi = prefix.piece_begin; pi < prefix.piece_end; ++pi)
+    q1s.push_back(w.pieces[std::size_t(pi)].q1);
+  EXPECT_EQ(q1s, (std::vector<std::int32_t>{290, 200, 170, 170, 100}));
+  const Mask fwd(128, 128, {Slice{{0, 100}, {0, 64}, MaskType::kFull},
+                            Slice{{50, 128}, {64, 128}, MaskType::kFull}});
+  const WorkList q = make_work_list(fwd, 64, 128, TileAxis::kQuery);
+  EXPECT_EQ(q.pieces[std::size_t(q.tiles[0].piece_begin)].q0, 0) << "query tiles keep their order";
 }
 
 TEST(Sm90WorkList, DeterministicTicketsFollowTheSchedulersOrder) {

@@ -434,13 +434,21 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
         tma_load(kp.tma_v, mV, tile.start, g, sV, s.kv_full);
       }
       ++kv_uses;
-      for (int hh = 0; hh < group; ++hh) {
-        const int h = g * group + hh;
-        for (int pi = tile.piece_begin; pi < tile.piece_end; ++pi) {
-          const Piece pc = p.pieces[pi];
-          // Query blocks on the grid of 64 rows (the accumulator's chunks), the piece's rows
-          // masked in its first one.
-          for (int qb = pc.q0 / kBM * kBM; qb < pc.q1; qb += kBM) {
+      // Per piece (the tile's pieces come from the last rows up, make_work_list), its query
+      // blocks on the grid of 64 rows (the accumulator's chunks; the piece's rows masked in its
+      // first one) from the last down, each for every q head of the group: every tile visits
+      // rows in one descending order. Under a causal mask all tiles' walks start at the last
+      // row, so the CTAs of a wave meet the same rows at the same time, and in deterministic
+      // mode a block's earlier turns (tiles taken before, dq_tickets) come due as it is
+      // reached instead of a light tile waiting at every block for the heavy tile ahead of it.
+      for (int pi = tile.piece_begin; pi < tile.piece_end; ++pi) {
+        const Piece pc = p.pieces[pi];
+        const int qb_first = pc.q0 / kBM * kBM;
+        const int blocks = pc.q1 > qb_first ? (pc.q1 - qb_first + kBM - 1) / kBM : 0;
+        for (int j = blocks - 1; j >= 0; --j) {
+          const int qb = qb_first + j * kBM;
+          for (int hh = 0; hh < group; ++hh) {
+            const int h = g * group + hh;
             const detail::Ring r = detail::ring<C::kStages>(blk++);
             // The block's rows with a NaN/inf (the row pass), loaded before the wait.
             const unsigned long long bad =
@@ -459,9 +467,8 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
             s.delta[r.stage][lane] = dl[lane];
             s.delta[r.stage][lane + 32] = dl[lane + 32];
             if (lane == 0) {
-              const bool last = hh == group - 1 && pi == tile.piece_end - 1 && qb + kBM >= pc.q1;
-              const int ticket =
-                  p.deterministic ? p.tickets[p.tickets[pi] + qb / kBM - pc.q0 / kBM] : 0;
+              const bool last = hh == group - 1 && pi == tile.piece_end - 1 && j == 0;
+              const int ticket = p.deterministic ? p.tickets[p.tickets[pi] + j] : 0;
               s.info[r.stage] = detail::BwdBlockInfo{bad, pc, qb, h, last ? 1 : 0, ticket};
             }
             // Each lane's arrival releases its own stores (q_full counts the 32 lanes).

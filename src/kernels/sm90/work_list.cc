@@ -50,6 +50,15 @@ WorkList make_work_list(const Mask& mask, std::int32_t block_m, std::int32_t blo
   w.block_n = block_n;
   for (std::int64_t t = 0; t < num_tiles; ++t) {
     auto& ps = per_tile[std::size_t(t)];
+    // A key tile's pieces from the last rows up (the kernel walks each piece's query blocks
+    // from its last down): every key tile then visits rows in one descending order, so in
+    // deterministic mode the CTAs of a wave meet each block in its tickets' order instead of
+    // queueing behind one another (a model of the scheduler, 16k shared-prefix: 2.7x ->
+    // 1.7x the time without turns; docs/benchmarks.md).
+    if (by_key)
+      std::stable_sort(ps.begin(), ps.end(), [](const Piece& a, const Piece& b) {
+        return a.q1 != b.q1 ? a.q1 > b.q1 : a.q0 > b.q0;
+      });
     Tile tile{std::int32_t(t * size), std::int32_t(w.pieces.size()), 0, 0};
     for (const Piece& p : ps) {
       const std::int64_t extent = by_key ? p.q1 - p.q0 : p.k1 - p.k0;
