@@ -44,9 +44,12 @@ grep -q '^MAGI_ENABLE_CUDA:BOOL=ON' "$build/CMakeCache.txt" || {
   exit 1
 }
 
-# With Ninja, build just what tests/gpu defines (and what it links); else everything.
+# With Ninja, build just what tests/gpu and tests/dist define (and what they link: `ctest -L
+# gpu` runs the distributed runtime's GPU cases too, where MPI is found); else everything.
 if grep -q '^CMAKE_GENERATOR:INTERNAL=Ninja' "$build/CMakeCache.txt"; then
-  cmake --build "$build" -j "$jobs" --target tests/gpu/all
+  targets=(tests/gpu/all)
+  [ -d "$build/tests/dist" ] && targets+=(tests/dist/all)
+  cmake --build "$build" -j "$jobs" --target "${targets[@]}"
 else
   cmake --build "$build" -j "$jobs"
 fi
