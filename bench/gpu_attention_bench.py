@@ -20,6 +20,7 @@ kernel), which would time the interpreter rather than the kernel.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 
@@ -29,8 +30,8 @@ import torch
 import magiattn
 from magiattn import masks
 
-SPEC_MASKS = ["full", "causal", "varlen-full", "varlen-causal", "sliding-window",
-              "varlen-block-causal", "shared-prefix", "block-sparse"]
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_masks import SPEC_MASKS, build_mask  # noqa: E402,F401 (re-exported to the other benches)
 
 
 def time_ms(fns: dict, reps: int, inner: int) -> dict:
@@ -59,15 +60,6 @@ def range_tensors(mask, device=None) -> tuple:
     attn_type_map) as int32 tensors on `device` (None: the CPU)."""
     return tuple(torch.as_tensor(x, dtype=torch.int32, device=device)
                  for x in (mask.q_ranges(), mask.k_ranges(), mask.attn_type_map()))
-
-
-def build_mask(name: str, seqlen: int):
-    kw = {}
-    if name == "varlen-block-causal":
-        kw["block"] = 2048
-    if name == "block-sparse":
-        kw.update(block=128, density=0.1)
-    return masks.build_family(name, seqlen, seed=0, **kw)
 
 
 def dense_ok(name: str) -> bool:
