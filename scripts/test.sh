@@ -50,6 +50,13 @@ $python -m venv "$venv"
 "$venv/bin/python" -m pip install -q -Cbuild-dir=build/pip-only \
   -Ccmake.define.CMAKE_DISABLE_FIND_PACKAGE_nlohmann_json=ON \
   -Ccmake.define.MAGI_CUDA_KERNELS=none .
+# The JSON headers were compiled from the wheel's directory. A system copy on the default
+# include path (build.sh installs one) once hid that the wheel's directory was never added.
+grep -q 'json\.cc' build/pip-only/compile_commands.json &&
+  grep -q -- '-isystem [^ ]*nlohmann_json/include' build/pip-only/compile_commands.json || {
+  echo "[test] the pip-only build did not compile against the nlohmann-json wheel's headers" >&2
+  exit 1
+}
 (cd "$venv" && bin/python -m magiattn)
 "$venv/bin/python" examples/numpy_attention.py
 "$venv/bin/python" -m pip install -q pytest
