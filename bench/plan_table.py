@@ -1,19 +1,19 @@
 #!/usr/bin/env python3
 """Planning table of docs/benchmarks.md: runs `magiattn plan` for every docs/semantics.md §4 mask
-family at the given cp values (8k tokens per rank) with both dispatch algorithms and prints
-markdown rows.
-Usage: bench/plan_table.py [path/to/magiattn] [cp ...]"""
+family at the given cp values (8k tokens per rank unless told) with both dispatch algorithms and
+prints markdown rows.
+Usage: bench/plan_table.py [path/to/magiattn] [cp ...] [--per-rank TOKENS] [--masks NAME ...]"""
 
+import argparse
 import re
 import subprocess
-import sys
 
 FAMILIES = ["full", "causal", "varlen-full", "varlen-causal", "sliding-window",
             "varlen-block-causal", "shared-prefix", "block-sparse"]
 
 
-def plan(binary, family, cp, algorithm):
-    out = subprocess.run([binary, "plan", "--mask", family, "--seqlen", str(8192 * cp), "--cp",
+def plan(binary, family, cp, algorithm, per_rank=8192):
+    out = subprocess.run([binary, "plan", "--mask", family, "--seqlen", str(per_rank * cp), "--cp",
                           str(cp), "--algorithm", algorithm, "--max-ranks", "0"],
                          check=True, capture_output=True, text=True).stdout
     field = lambda pattern: re.search(pattern, out).group(1)
@@ -27,14 +27,19 @@ def plan(binary, family, cp, algorithm):
 
 
 def main():
-    binary = sys.argv[1] if len(sys.argv) > 1 else "build/release/bin/magiattn"
-    cps = [int(c) for c in sys.argv[2:]] or [8, 64]
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("binary", nargs="?", default="build/release/bin/magiattn")
+    ap.add_argument("cps", nargs="*", type=int, default=[8, 64])
+    ap.add_argument("--per-rank", type=int, default=8192, help="tokens per rank")
+    ap.add_argument("--masks", nargs="+", default=FAMILIES, choices=FAMILIES)
+    args = ap.parse_args()
+    binary, cps = args.binary, args.cps
     print("| mask | cp | slices | imbalance min-heap / refined | stages | KV GB ours / ring / "
           "all-gather | ours / ring | planning s (refined) | predicted fwd µs |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for family in FAMILIES:
+    for family in args.masks:
         for cp in cps:
-            heap, ref = plan(binary, family, cp, "minheap"), plan(binary, family, cp, "refined")
+            heap, ref = (plan(binary, family, cp, a, args.per_rank) for a in ("minheap", "refined"))
             print(f"| {family} | {cp} | {ref['slices']:,} | {heap['imbalance']:.3f}% / "
                   f"{ref['imbalance']:.3f}% | {ref['stages']} | {ref['ours']:.3f} / {ref['ring']:.3f}"
                   f" / {ref['ag']:.3f} | {ref['ours'] / ref['ring']:.3f} | {ref['seconds']:.4f} | "
