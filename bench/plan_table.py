@@ -5,25 +5,51 @@ prints markdown rows.
 Usage: bench/plan_table.py [path/to/magiattn] [cp ...] [--per-rank TOKENS] [--masks NAME ...]"""
 
 import argparse
+import json
+import os
 import re
 import subprocess
+import tempfile
 
 FAMILIES = ["full", "causal", "varlen-full", "varlen-causal", "sliding-window",
             "varlen-block-causal", "shared-prefix", "block-sparse"]
 
 
+UNITS = {"ms": 1e-3, "s": 1.0, "B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+
+
 def plan(binary, family, cp, algorithm, per_rank=8192):
-    out = subprocess.run([binary, "plan", "--mask", family, "--seqlen", str(per_rank * cp), "--cp",
-                          str(cp), "--algorithm", algorithm, "--max-ranks", "0"],
-                         check=True, capture_output=True, text=True).stdout
-    field = lambda pattern: re.search(pattern, out).group(1)
-    return {"slices": int(field(r"slices\s+([\d,]+)").replace(",", "")),
-            "stages": int(field(r"stages (\d+)")),
-            "imbalance": float(field(r"dispatch imbalance ([\d.e+-]+)%")),
-            "seconds": float(field(r"planning time ([\d.e+-]+) s")),
-            "predicted": float(field(r"predicted ([\d.]+) us")),
-            "ours": float(field(r"ours ([\d.]+) GB")), "ring": float(field(r"ring \(zigzag\) ([\d.]+) GB")),
-            "ag": float(field(r"all-gather ([\d.]+) GB"))}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "plan.json")
+        out = subprocess.run([binary, "plan", "--mask", family, "--seqlen", str(per_rank * cp),
+                              "--cp", str(cp), "--algorithm", algorithm, "--max-ranks", "0",
+                              "--json", path], check=True, capture_output=True, text=True).stdout
+        with open(path) as f:
+            predicted = json.load(f)["predicted_seconds"]  # exact; the text rounds to 0.1 ms
+
+    def field(pattern):
+        m = re.search(pattern, out)
+        if m is None:
+            raise RuntimeError(f"`magiattn plan` printed no match for {pattern!r}:\n{out}")
+        return m
+
+    def quantity(pattern):  # a number and its unit, in seconds or GiB
+        m = field(pattern + r" ([\d.]+) (ms|s|B|KiB|MiB|GiB|TiB)\b")
+        scale = UNITS[m.group(2)] / (2**30 if m.group(2) not in ("ms", "s") else 1)
+        return float(m.group(1)) * scale
+
+    count = lambda pattern: int(field(pattern).group(1).replace(",", ""))  # noqa: E731
+    return {"slices": count(r"slices\s+([\d,]+)"), "area": count(r"area\s+([\d,]+)"),
+            "stages": int(field(r"(\d+) stages?, dispatch").group(1)),
+            "imbalance": float(field(r"imbalance\s+([\d.e+-]+)%").group(1)),
+            "seconds": quantity(r"planning\s+"), "predicted": predicted,
+            "ours": quantity(r"ours"), "ring": quantity(r"ring \(zigzag\)"),
+            "ag": quantity(r"all-gather")}
+
+
+def flops(area, heads_q=32, head_dim=128):
+    """The forward's FLOPs at the cost model's shape (CostModel: 32 q heads, D 128)."""
+    return 4.0 * area * heads_q * head_dim
 
 
 def main():
@@ -34,16 +60,17 @@ def main():
     ap.add_argument("--masks", nargs="+", default=FAMILIES, choices=FAMILIES)
     args = ap.parse_args()
     binary, cps = args.binary, args.cps
-    print("| mask | cp | slices | imbalance min-heap / refined | stages | KV GB ours / ring / "
-          "all-gather | ours / ring | planning s (refined) | predicted fwd µs |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| mask | cp | slices | imbalance min-heap / refined | stages | KV GiB ours / ring / "
+          "all-gather | ours / ring | planning s (refined) | predicted fwd µs | predicted "
+          "TFLOP/s per GPU |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for family in args.masks:
         for cp in cps:
             heap, ref = (plan(binary, family, cp, a, args.per_rank) for a in ("minheap", "refined"))
             print(f"| {family} | {cp} | {ref['slices']:,} | {heap['imbalance']:.3f}% / "
                   f"{ref['imbalance']:.3f}% | {ref['stages']} | {ref['ours']:.3f} / {ref['ring']:.3f}"
                   f" / {ref['ag']:.3f} | {ref['ours'] / ref['ring']:.3f} | {ref['seconds']:.4f} | "
-                  f"{ref['predicted']:.0f} |")
+                  f"{ref['predicted'] * 1e6:.0f} | {flops(ref['area']) / ref['predicted'] / cp / 1e12:.0f} |")
 
 
 if __name__ == "__main__":
