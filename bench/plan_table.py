@@ -15,7 +15,8 @@ FAMILIES = ["full", "causal", "varlen-full", "varlen-causal", "sliding-window",
             "varlen-block-causal", "shared-prefix", "block-sparse"]
 
 
-UNITS = {"ms": 1e-3, "s": 1.0, "B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+# The plan command's units, as seconds and GiB.
+UNITS = {"ms": 1e-3, "s": 1.0, "B": 2**-30, "KiB": 2**-20, "MiB": 2**-10, "GiB": 1, "TiB": 2**10}
 
 
 def plan(binary, family, cp, algorithm, per_rank=8192):
@@ -35,8 +36,7 @@ def plan(binary, family, cp, algorithm, per_rank=8192):
 
     def quantity(pattern):  # a number and its unit, in seconds or GiB
         m = field(pattern + r" ([\d.]+) (ms|s|B|KiB|MiB|GiB|TiB)\b")
-        scale = UNITS[m.group(2)] / (2**30 if m.group(2) not in ("ms", "s") else 1)
-        return float(m.group(1)) * scale
+        return float(m.group(1)) * UNITS[m.group(2)]
 
     count = lambda pattern: int(field(pattern).group(1).replace(",", ""))  # noqa: E731
     return {"slices": count(r"slices\s+([\d,]+)"), "area": count(r"area\s+([\d,]+)"),
@@ -59,18 +59,19 @@ def main():
     ap.add_argument("--per-rank", type=int, default=8192, help="tokens per rank")
     ap.add_argument("--masks", nargs="+", default=FAMILIES, choices=FAMILIES)
     args = ap.parse_args()
-    binary, cps = args.binary, args.cps
     print("| mask | cp | slices | imbalance min-heap / refined | stages | KV GiB ours / ring / "
           "all-gather | ours / ring | planning s (refined) | predicted fwd µs | predicted "
           "TFLOP/s per GPU |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for family in args.masks:
-        for cp in cps:
-            heap, ref = (plan(binary, family, cp, a, args.per_rank) for a in ("minheap", "refined"))
+        for cp in args.cps:
+            heap, ref = (plan(args.binary, family, cp, a, args.per_rank)
+                         for a in ("minheap", "refined"))
+            tflops = flops(ref["area"]) / ref["predicted"] / cp / 1e12
             print(f"| {family} | {cp} | {ref['slices']:,} | {heap['imbalance']:.3f}% / "
-                  f"{ref['imbalance']:.3f}% | {ref['stages']} | {ref['ours']:.3f} / {ref['ring']:.3f}"
-                  f" / {ref['ag']:.3f} | {ref['ours'] / ref['ring']:.3f} | {ref['seconds']:.4f} | "
-                  f"{ref['predicted'] * 1e6:.0f} | {flops(ref['area']) / ref['predicted'] / cp / 1e12:.0f} |")
+                  f"{ref['imbalance']:.3f}% | {ref['stages']} | {ref['ours']:.3f} / "
+                  f"{ref['ring']:.3f} / {ref['ag']:.3f} | {ref['ours'] / ref['ring']:.3f} | "
+                  f"{ref['seconds']:.4f} | {ref['predicted'] * 1e6:.0f} | {tflops:.0f} |")
 
 
 if __name__ == "__main__":

@@ -21,8 +21,9 @@ inline constexpr int kMicroRows = kVecBytes == 64 ? 8 : 6;
 // reloaded the row offsets of A from the stack in the inner loop (4 loads per 12 FMAs on
 // AVX2), where the function alone keeps each row's pointer in a register.
 template <typename T, int kRows, int kVecs, bool kAccumulate>
-[[gnu::noinline]] void micro_kernel(std::int64_t k, const T* a, std::int64_t a_row, std::int64_t a_col,
-                         const T* b, std::int64_t ldb, T* c, std::int64_t ldc) {
+[[gnu::noinline]] void micro_kernel(std::int64_t k, const T* a, std::int64_t a_row,
+                                    std::int64_t a_col, const T* b, std::int64_t ldb, T* c,
+                                    std::int64_t ldc) {
   using S = Simd<T>;
   using V = typename S::V;
   V acc[kRows][kVecs];
