@@ -139,7 +139,10 @@ class Forward {
     if (r_.softcap > 0) raw_max = apply_softcap(sc, nr * width);
     T* m = b.m.get() + r0;
     T* l = b.l.get() + r0 * kW;
+    const NextTile next =
+        next_tile(kt - tc.c0, v + (tc.start + kBlockK - cols.start) * v_.stride(), nr);
     for (std::int64_t i = 0; i < nr; ++i) {
+      next.prefetch(i);
       T* row = sc + i * width;
       V vmax = S::load(row);
       for (std::int64_t j = kW; j < width; j += kW) vmax = S::max(vmax, S::load(row + j));
@@ -164,6 +167,32 @@ class Forward {
     gemm<T, true>(nr, ld, cols.size(), sc + (cols.start - tc.base()), width, 1, v, v_.stride(),
                   b.o.get() + r0 * ld, ld);
     return raw_max;
+  }
+
+  // The next key tile's K^T and V rows (32 KiB each at D 128, fp32), fetched into L2 while
+  // this tile is computed, a few lines per row of the softmax. They come from L3 or memory
+  // (K and V of a head outgrow L2 at 4k tokens), and the first row block of each column
+  // block stalled on them: perf put 17 % of P V's samples on one load of B. Past the end of
+  // a head (or of the pack) it fetches lines nobody reads next; prefetches never fault.
+  struct NextTile {
+    const char* k;  // K^T of the next tile: d x kBlockK, contiguous (TilePack)
+    const char* v;  // V rows of the next tile: kBlockK rows, stride apart
+    std::int64_t k_bytes, v_bytes, per_row;
+    void prefetch(std::int64_t i) const {
+      for (std::int64_t c = i * per_row; c < (i + 1) * per_row; c += 64) {
+        if (c < k_bytes) __builtin_prefetch(k + c, 0, 2);
+        if (c < v_bytes) __builtin_prefetch(v + c, 0, 2);
+      }
+    }
+  };
+  NextTile next_tile(const T* kt_tile, const T* v_next, std::int64_t nr) const {
+    NextTile n;
+    n.k_bytes = d_ * kBlockK * std::int64_t(sizeof(T));
+    n.k = reinterpret_cast<const char*>(kt_tile) + n.k_bytes;
+    n.v = reinterpret_cast<const char*>(v_next);
+    n.v_bytes = kBlockK * v_.stride() * std::int64_t(sizeof(T));
+    n.per_row = round_up((std::max(n.k_bytes, n.v_bytes) + nr - 1) / nr, 64);
+    return n;
   }
 
   // x = c * tanh(x / c) on visible cells; returns the max pre-softcap logit.
