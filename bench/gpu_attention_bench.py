@@ -1,5 +1,6 @@
-"""Forward TFLOP/s of magiattn's sm90 kernel against PyTorch SDPA (cuDNN and flash backends)
-and FlexAttention (compiled), on the same inputs in one process (docs/semantics.md §4).
+"""Forward TFLOP/s of magiattn's sm90 kernel against MagiAttention's FFA, PyTorch SDPA (cuDNN and
+flash backends) and FlexAttention (compiled), on the same inputs in one process
+(docs/semantics.md §4).
 
     python3 bench/gpu_attention_bench.py                 # docs/semantics.md §4 masks at 8k..64k
     python3 bench/gpu_attention_bench.py --seqlens 16384 --masks full causal --head-dim 64
@@ -9,7 +10,9 @@ visible cells of the mask (the same count for every backend). Each timing is the
 --reps CUDA-event timings of --inner back-to-back calls after warm-up, the backends' reps
 interleaved; inputs are shared.
 A baseline that cannot express a mask prints '-': SDPA only does full and causal (cuDNN and
-flash); FlexAttention gets every mask through a mask_mod built from the same slices.
+flash); FlexAttention gets every mask through a mask_mod built from the same slices; FFA
+(MagiAttention's flex_flash_attn_func, ../shared/peer/README.md: importable after its
+setup.sh) takes the same range tensors on the GPU, and is '-' where it is not importable.
 Setup stays outside the timing for every backend, as a training step does it once per batch
 and reuses it across layers: Flex's block mask, and magiattn's ranges as int32 tensors
 (MagiAttention's calling convention). Passing AttnRanges objects and a list of AttnMaskType
@@ -60,6 +63,15 @@ def range_tensors(mask, device=None) -> tuple:
     attn_type_map) as int32 tensors on `device` (None: the CPU)."""
     return tuple(torch.as_tensor(x, dtype=torch.int32, device=device)
                  for x in (mask.q_ranges(), mask.k_ranges(), mask.attn_type_map()))
+
+
+def ffa_func():
+    """MagiAttention's flex_flash_attn_func where it is importable, else None."""
+    try:
+        from magi_attention.functional import flex_flash_attn_func
+        return flex_flash_attn_func
+    except Exception:  # noqa: BLE001 - the peer is optional
+        return None
 
 
 def dense_ok(name: str) -> bool:
@@ -130,6 +142,7 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--inner", type=int, default=5)
     ap.add_argument("--no-flex", action="store_true", help="skip FlexAttention (compiles per mask)")
+    ap.add_argument("--no-ffa", action="store_true", help="skip MagiAttention's FFA")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to benchmark")
@@ -138,10 +151,12 @@ def main(argv=None) -> int:
     import torch.nn.functional as F
 
     hq, hkv, d = args.heads_q, args.heads_kv, args.head_dim
+    ffa = None if args.no_ffa else ffa_func()
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, bf16, Hq {hq}, Hkv {hkv}, "
-          f"D {d}; TFLOP/s, median of {args.reps} x {args.inner} calls")
-    header = f"{'mask':<22}{'tokens':>7}{'area%':>7}{'magiattn':>10}{'cudnn':>8}{'flash':>8}{'flex':>8}" \
-             f"{'/cudnn':>8}{'/flex':>7}"
+          f"D {d}; TFLOP/s, median of {args.reps} x {args.inner} calls; "
+          f"FFA {'in' if ffa else 'not available'}")
+    header = f"{'mask':<22}{'tokens':>7}{'area%':>7}{'magiattn':>10}{'ffa':>8}{'cudnn':>8}" \
+             f"{'flash':>8}{'flex':>8}{'/ffa':>8}{'/cudnn':>7}{'/flex':>7}"
     print(header)
     for seqlen in args.seqlens:
         gen = torch.Generator(device="cuda").manual_seed(seqlen)
@@ -155,6 +170,14 @@ def main(argv=None) -> int:
             qr, kr, types = range_tensors(mask)
             fns = {"magiattn": lambda: magiattn.flex_flash_attn_func(
                 q, k, v, q_ranges=qr, k_ranges=kr, attn_type_map=types)}
+            if ffa is not None:
+                ranges = range_tensors(mask, "cuda")
+                try:
+                    ffa(q, k, v, *ranges)
+                    fns["ffa"] = lambda: ffa(q, k, v, *ranges)
+                except Exception as e:  # noqa: BLE001 - report and go on
+                    print(f"  ffa: {type(e).__name__}: {str(e).splitlines()[0][:100]}",
+                          file=sys.stderr)
             if dense_ok(name):
                 qt, kt, vt = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))
                 for label, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION),
@@ -182,7 +205,8 @@ def main(argv=None) -> int:
             cell = lambda key: f"{row[key]:8.1f}" if key in row else f"{'-':>8}"
             ratio = lambda key: f"{row['magiattn'] / row[key]:7.2f}" if key in row else f"{'-':>7}"
             print(f"{name:<22}{seqlen:>7}{100 * mask.area() / seqlen**2:>7.1f}{row['magiattn']:>10.1f}"
-                  f"{cell('cudnn')}{cell('flash')}{cell('flex')} {ratio('cudnn')}{ratio('flex')}",
+                  f"{cell('ffa')}{cell('cudnn')}{cell('flash')}{cell('flex')} {ratio('ffa')}"
+                  f"{ratio('cudnn')}{ratio('flex')}",
                   flush=True)
     return 0
 

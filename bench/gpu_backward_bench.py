@@ -20,18 +20,10 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_attention_bench import (SPEC_MASKS, build_mask, dense_ok, flex_runner,  # noqa: E402
-                                 range_tensors, time_ms)
+from gpu_attention_bench import (SPEC_MASKS, build_mask, dense_ok, ffa_func,  # noqa: E402
+                                 flex_runner, range_tensors, time_ms)
 
 import magiattn  # noqa: E402
-
-
-def ffa_func():
-    try:
-        from magi_attention.functional import flex_flash_attn_func
-        return flex_flash_attn_func
-    except Exception:  # noqa: BLE001 - the peer is optional
-        return None
 
 
 def main(argv=None) -> int:

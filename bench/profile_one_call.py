@@ -4,9 +4,12 @@
         python3 bench/profile_one_call.py --impl magiattn --backward
     ncu -k regex:bprop --launch-skip 1 --launch-count 1 \
         python3 bench/profile_one_call.py --impl cudnn --backward
+    ncu -k regex:FlashAttnFwd --launch-skip 1 --launch-count 1 \
+        python3 bench/profile_one_call.py --impl ffa          # MagiAttention's FFA (../shared/peer)
 
 bf16, Hq:Hkv 32:8 (GQA), a full or causal mask, --calls forward (and backward) calls on the same
-inputs; magiattn gets CUDA range tensors, cuDNN SDPA the same q/k/v as [1, H, N, D] views.
+inputs; magiattn and FFA get CUDA range tensors, cuDNN SDPA the same q/k/v as [1, H, N, D]
+views.
 """
 import argparse
 import os
@@ -17,7 +20,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_attention_bench import range_tensors  # noqa: E402
+from gpu_attention_bench import ffa_func, range_tensors  # noqa: E402
 
 import magiattn  # noqa: E402
 from magiattn import masks  # noqa: E402
@@ -25,7 +28,7 @@ from magiattn import masks  # noqa: E402
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--impl", choices=["magiattn", "cudnn"], default="magiattn")
+    ap.add_argument("--impl", choices=["magiattn", "ffa", "cudnn"], default="magiattn")
     ap.add_argument("--mask", choices=["full", "causal"], default="full")
     ap.add_argument("--seqlen", type=int, default=16384)
     ap.add_argument("--head-dim", type=int, default=128)
@@ -42,9 +45,14 @@ def main() -> None:
     dout = torch.randn(n, 32, d, device="cuda", dtype=torch.bfloat16, generator=g)
     m = masks.causal(n, n) if causal else masks.full(n, n)
     r = range_tensors(m, "cuda")
+    ffa = ffa_func() if args.impl == "ffa" else None
+    if args.impl == "ffa" and ffa is None:
+        sys.exit("MagiAttention's FFA is not importable (../shared/peer/README.md)")
     for _ in range(args.calls):
         if args.impl == "magiattn":
             out = magiattn.flex_flash_attn_func(q, k, v, *r)[0]
+        elif args.impl == "ffa":
+            out = ffa(q, k, v, *r)[0]
         else:
             qt, kt, vt = (x.transpose(0, 1).unsqueeze(0) for x in (q, k, v))
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):

@@ -140,6 +140,20 @@ __device__ void wg_gemm_issue(Mma& mma, A& a, const B& b, C& c, bool zero_init) 
   warpgroup_commit_batch();
 }
 
+// Work item n of the forward as (tile, q head): kv heads outermost, then the tiles (heavy
+// first, work_list.h), then the q heads of the kv head's group. The CTAs running at any time
+// then share one kv head's K and V (16 MB at 32k tokens, D 128), which stays in L2; with the
+// tiles outermost they streamed every kv head's K and V at once (128 MB at 32k, past the
+// H200's 50 MB L2: full 32k read 576 TFLOP/s against 633 at 16k, docs/benchmarks.md).
+struct FwdItem {
+  int tile, head;
+};
+__device__ inline FwdItem fwd_item(std::int64_t item, int num_tiles, int group) {
+  const std::int64_t per_kv_head = std::int64_t(num_tiles) * group;
+  const int g = int(item / per_kv_head), r = int(item % per_kv_head);
+  return {r / group, g * group + r % group};
+}
+
 // The producer's walk over a tile's key blocks: piece by piece, from each piece's k0 in steps
 // of block_n.
 struct BlockIter {

@@ -1,6 +1,6 @@
 // FFA forward on Hopper (sm90a): one persistent CTA per SM pulls (query tile, head) items
-// from a global counter (tiles heavy first, work_list.h) and runs one online softmax over
-// every key block of every piece the tile sees.
+// from a global counter (kv heads outermost, tiles heavy first: fwd_item) and runs one online
+// softmax over every key block of every piece the tile sees.
 //
 // Per CTA, warpgroups with different jobs (warp specialisation):
 // - warpgroup 0 gives registers away (40 each, 32 at D 64; setmaxnreg) and runs two warps:
@@ -82,6 +82,10 @@ struct FwdConfig {
   // keeps 32 (spilling a few values of its walk to L1) so the consumers get 160.
   static constexpr int kProducerRegs = kWarpgroups == 2 ? 40 : 32;
   static constexpr int kConsumerRegs = kWarpgroups == 2 ? 232 : 160;
+  // P in two register sets by block parity, O rescaled late (the consumer loop), where the
+  // registers allow: at D 128. At D 64 (160 registers) the second P spilled, above D 128
+  // ptxas serialized the wgmma; with one P, the late rescale measured 1-3 % slower at D 64.
+  static constexpr bool kTwoP = kD == 128;
   static_assert(kProducerRegs * 128 + kConsumerRegs * kConsumerThreads <=
                 65536 / kThreads / 8 * 8 * kThreads);
   using BM = cute::Int<kBlockM>;
@@ -283,8 +287,9 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
         if (lane == 0) post_job(-1, 0, 0, -1, 0);
         break;
       }
-      const Tile tile = p.tiles[item / p.heads_q];
-      const int h = int(item % p.heads_q), hk = h / group;
+      const detail::FwdItem it_h = detail::fwd_item(item, p.num_tiles, group);
+      const Tile tile = p.tiles[it_h.tile];
+      const int h = it_h.head, hk = h / group;
       const bool head_bad = p.bad_any[hk] != 0u;  // a NaN/inf in this head's K or V (rare)
       // Q only for a tile with keys (one without has its rows written from nothing): the
       // consumers count the same loads. Loading it anyway raced: a leader hands Q back right
@@ -359,8 +364,11 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
   auto thr_qk = mma_qk.get_thread_slice(ctid);
   auto thr_pv = mma_pv.get_thread_slice(ctid);
   // P as the A operand: per k-step of 16 keys, (column pair, row + 8, column + 8), which is
-  // the S accumulator's own order, so element i of tOrP is element i of tSrS.
+  // the S accumulator's own order, so element i of tOrP is element i of tSrS. Two of them, by
+  // block parity, where C::kTwoP: block j's P is written while block j-1's P V reads the other.
   Tensor tOrP = make_tensor<T>(Layout<Shape<Shape<_2, _2, _2>, _1, Int<kBN / 16>>>{});
+  Tensor tOrP2 = make_tensor<T>(Layout<Shape<Shape<_2, _2, _2>, _1, Int<kBN / 16>>>{});
+  using PTensor = decltype(tOrP);
   Tensor tSrS = partition_fragment_C(mma_qk, Shape<typename C::BM, typename C::BN>{});
   Tensor tOrO = partition_fragment_C(mma_pv, Shape<typename C::BM, typename C::HD>{});
   static_assert(decltype(size(tOrP))::value == decltype(size(tSrS))::value);
@@ -395,8 +403,9 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
     const std::int64_t item = s.item[slot.stage];
     Barrier::arrive(&s.item_empty[slot.stage]);  // each thread hands back its own read
     if (item >= num_items) break;
-    const Tile tile = p.tiles[item / p.heads_q];
-    const int h = int(item % p.heads_q);
+    const detail::FwdItem it_h = detail::fwd_item(item, p.num_tiles, group);
+    const Tile tile = p.tiles[it_h.tile];
+    const int h = it_h.head;
     const int q0 = tile.start;
     const bool head_bad = p.bad_any[h / group] != 0u;  // a NaN/inf in this head's K or V (rare)
 
@@ -449,21 +458,25 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
           }
         }
       }
-      // Row maxima with 4 independent chains, the quad exchanges of all rows together, then
-      // the exponentials (short dependency chains: this runs under the other warpgroup's GEMMs).
+      // Row maxima seeded with the running max (so the new running max directly), two chains
+      // a row, the quad exchanges of all rows together, then the exponentials.
       constexpr int kCols = decltype(size<1>(S))::value;
-      static_assert(kCols % 4 == 0);
+      static_assert(kCols % 2 == 0);
       float mx[kRows];
       CUTE_UNROLL
       for (int i = 0; i < kRows; ++i) {
-        float part[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+        float a = m[i], b = S(i, 1);
         CUTE_UNROLL
-        for (int jj = 0; jj < kCols; ++jj) part[jj % 4] = fmaxf(part[jj % 4], S(i, jj));
-        mx[i] = fmaxf(fmaxf(part[0], part[1]), fmaxf(part[2], part[3]));
+        for (int jj = 0; jj < kCols; jj += 2) a = fmaxf(a, S(i, jj));
+        CUTE_UNROLL
+        for (int jj = 3; jj < kCols; jj += 2) b = fmaxf(b, S(i, jj));
+        mx[i] = fmaxf(a, b);
       }
       CUTE_UNROLL
       for (int i = 0; i < kRows; ++i) {
         mx[i] = detail::quad_max(mx[i]);
+        // Seeded, mx is -inf only when every logit of the row so far is -inf or NaN; in a
+        // covered block that takes an inf in q (a flagged key poisons its rows itself).
         if (!rewrite && full && mx[i] == -INFINITY) l[i] = __int_as_float(0x7fffffff);
       }
       CUTE_UNROLL
@@ -472,32 +485,32 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
         // else corr is exactly 1. (Letting the max lag by a slack, as FlashAttention-4 does,
         // makes the largest P inexact in bf16: measured 2.1x the naive error on a peaked
         // softmax, over docs/semantics.md §5's 2x, for 1-4% of speed.)
-        corr[i] = 1.f;
-        if (mx[i] > m[i]) {
-          corr[i] = detail::exp2_approx((m[i] - mx[i]) * su);  // 0 when m[i] is -inf
-          m[i] = mx[i];
-        }
+        corr[i] = mx[i] > m[i] ? detail::exp2_approx((m[i] - mx[i]) * su) : 1.f;  // 0: m was -inf
+        m[i] = mx[i];
         const float m_use = m[i] == -INFINITY ? 0.f : m[i] * su;  // log2 units
-        float part[4] = {0.f, 0.f, 0.f, 0.f};
+        float sum0 = 0.f, sum1 = 0.f;
         CUTE_UNROLL
-        for (int jj = 0; jj < kCols; ++jj) {
-          const float pv = detail::exp2_approx(fmaf(S(i, jj), su, -m_use));
-          S(i, jj) = pv;
-          part[jj % 4] += pv;
+        for (int jj = 0; jj < kCols; jj += 2) {
+          S(i, jj) = detail::exp2_approx(fmaf(S(i, jj), su, -m_use));
+          S(i, jj + 1) = detail::exp2_approx(fmaf(S(i, jj + 1), su, -m_use));
+          sum0 += S(i, jj);
+          sum1 += S(i, jj + 1);
         }
-        l[i] = l[i] * corr[i] + ((part[0] + part[1]) + (part[2] + part[3]));
+        l[i] = l[i] * corr[i] + (sum0 + sum1);
       }
     };
     // Every block rescales O, even when no row's max moved (corr 1): skipping it behind a
     // warp vote was measured 6-7% slower at D 64 and even at D 128 (docs/benchmarks.md).
-    auto rescale_and_convert = [&](const float (&corr)[kRows]) CUTLASS_LAMBDA_FUNC_INLINE {
+    auto rescale_o = [&](const float (&corr)[kRows]) CUTLASS_LAMBDA_FUNC_INLINE {
       CUTE_UNROLL
       for (int i = 0; i < kRows; ++i) {
         CUTE_UNROLL
         for (int jj = 0; jj < size<1>(O); ++jj) O(i, jj) *= corr[i];
       }
+    };
+    auto convert_p = [&](PTensor& P) CUTLASS_LAMBDA_FUNC_INLINE {
       CUTE_UNROLL
-      for (int e = 0; e < size(tSrS); ++e) tOrP(e) = T(tSrS(e));
+      for (int e = 0; e < size(tSrS); ++e) P(e) = T(tSrS(e));
     };
     // The wgmma descriptors are rebuilt from an opaque smem base per block: held across the
     // loop, Q's 8 descriptors did not fit beside S, P and O and spilled.
@@ -508,8 +521,8 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
       detail::wg_gemm_issue(mma_qk, tSrQ, thr_qk.partition_fragment_B(sK(_, _, stage)), tSrS,
                             true);
     };
-    auto issue_pv = [&](int stage) CUTLASS_LAMBDA_FUNC_INLINE {
-      detail::wg_gemm_issue<true>(mma_pv, tOrP, thr_pv.partition_fragment_B(sVt(_, _, stage)),
+    auto issue_pv = [&](int stage, PTensor& P) CUTLASS_LAMBDA_FUNC_INLINE {
+      detail::wg_gemm_issue<true>(mma_pv, P, thr_pv.partition_fragment_B(sVt(_, _, stage)),
                                   tOrO, false);
     };
 
@@ -630,38 +643,80 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
       Barrier::arrive(&s.k_empty[r.stage]);
       release_q_after_last(bi);
       softmax(bi, corr);
-      rescale_and_convert(corr);
-      detail::Ring prev = r;  // the block whose P V is pending
+      if constexpr (!C::kTwoP) rescale_o(corr);  // O is 0: as the steps do
+      convert_p(tOrP);
+      // Block j's softmax runs under block j-1's P V. With C::kTwoP nothing after the softmax
+      // needs that P V complete: P alternates between two register sets, O is rescaled by
+      // block j's corr in the next step, after that step's Q K^T is issued (under it on the
+      // tensor cores), and the wait for the P V is at the start of the next step, behind the
+      // K wait's branch: ptxas moves a wgmma wait to the top of its basic block. With one P,
+      // the rescale and the wait right after the softmax, the wait ran before the softmax at
+      // D 128 (the kernel's most stalled instruction, 6 % of the samples; docs/benchmarks.md).
+      detail::Ring prev = r;  // the block whose P V is next
       bool prev_edge = bi.flags & detail::BlockInfo::kEdge;
-      while (!(bi.flags & detail::BlockInfo::kLast)) {
+      int pending = -1;       // V stage of a P V in flight not yet waited for (-1: none)
+      auto step = [&](PTensor& p_prev, PTensor& p_next) CUTLASS_LAMBDA_FUNC_INLINE {
         r = detail::ring<kStages>(blk++);
         TxBarrier::wait(&s.k_full[r.stage], r.phase);
+        if constexpr (C::kTwoP) {
+          warpgroup_wait<0>();  // the P V issued a step ago, which read p_next
+          warpgroup_fence_operand(tOrO);
+          warpgroup_fence_operand(p_next);
+          if (leader && pending >= 0) Barrier::arrive(&s.v_empty[pending]);
+        }
         bi = s.info[r.stage];
         detail::named_sync(my_bar, kPair);
         issue_qk(r.stage);
+        if constexpr (C::kTwoP) rescale_o(corr);
         wait_v(prev, prev_edge);
-        issue_pv(prev.stage);
+        issue_pv(prev.stage, p_prev);
         detail::named_arrive(next_bar, kPair);
-        warpgroup_wait<1>();  // S of this block; P V of the previous one may still run
+        pending = prev.stage;
+        warpgroup_wait<1>();  // S of this block; the P V may still run
         warpgroup_fence_operand(tSrS);
         poison_rows(bi);
         Barrier::arrive(&s.k_empty[r.stage]);
         release_q_after_last(bi);
-          softmax(bi, corr);
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(tOrO);
-        warpgroup_fence_operand(tOrP);
-        if (leader) Barrier::arrive(&s.v_empty[prev.stage]);
-        rescale_and_convert(corr);
+        softmax(bi, corr);
+        if constexpr (!C::kTwoP) {
+          warpgroup_wait<0>();
+          warpgroup_fence_operand(tOrO);
+          warpgroup_fence_operand(p_prev);
+          if (leader) Barrier::arrive(&s.v_empty[pending]);
+          pending = -1;
+          rescale_o(corr);
+        }
+        convert_p(p_next);
         prev = r;
         prev_edge = bi.flags & detail::BlockInfo::kEdge;
+        return bool(bi.flags & detail::BlockInfo::kLast);
+      };
+      bool last_in_p2 = false;  // the last block's P is in tOrP2
+      while (!(bi.flags & detail::BlockInfo::kLast)) {
+        if constexpr (C::kTwoP) {  // two blocks a round: each P is one set of registers
+          if (step(tOrP, tOrP2)) {
+            last_in_p2 = true;
+            break;
+          }
+          if (step(tOrP2, tOrP)) break;
+        } else {
+          if (step(tOrP, tOrP)) break;
+        }
       }
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tOrO);
+      if (leader && pending >= 0) Barrier::arrive(&s.v_empty[pending]);
+      if constexpr (C::kTwoP) rescale_o(corr);
       wait_v(prev, prev_edge);
-      issue_pv(prev.stage);
+      if (last_in_p2)
+        issue_pv(prev.stage, tOrP2);
+      else
+        issue_pv(prev.stage, tOrP);
       finish_rows();  // under the last P V
       warpgroup_wait<0>();
       warpgroup_fence_operand(tOrO);
       warpgroup_fence_operand(tOrP);
+      warpgroup_fence_operand(tOrP2);
       if (leader) Barrier::arrive(&s.v_empty[prev.stage]);
     } else {
       finish_rows();  // a tile without keys: no Q, no blocks
