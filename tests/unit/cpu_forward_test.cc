@@ -11,6 +11,7 @@
 #include <string>
 
 #include "attn_case.h"
+#include "magi/build_info.h"
 #include "cpu_checks.h"
 #include "seed.h"
 
@@ -253,6 +254,35 @@ TEST(CpuForward, RandomSweep) {
     check_forward(mask, p, cfg, testing::seed_note(seed) + " iteration " + std::to_string(it));
     if (::testing::Test::HasFailure()) break;  // the first failure, with its replay line
   }
+}
+
+// bf16 q, k, v and out: the path that runs on AMX tiles where the CPU has them (P rounded to
+// bf16 there, inside the output's own 2^-8), the fp32 one elsewhere or under MAGI_CPU_ISA.
+// Lengths off the 16 / 32 / 64 grids, D padded to 32, GQA, documents, sinks, softcap.
+TEST(CpuForward, Bf16InAndOut) {
+  const std::string isa = build_info().cpu_kernels;
+  std::mt19937_64 rng(21);
+  int cases = 0;
+  for (std::int64_t d : {64, 128, 72})
+    for (const auto& [nq, nk] : {std::pair<std::int64_t, std::int64_t>{1, 1}, {33, 70},
+                                 {300, 300}, {517, 611}}) {
+      for (int kind = 0; kind < 4; ++kind) {
+        const Mask mask = kind == 0   ? one_slice(nq, nk, Slice{{0, nq}, {0, nk}, MaskType::kFull})
+                          : kind == 1 ? one_slice(nq, nk, Slice{{0, nq}, {0, nk}, MaskType::kCausal})
+                          : kind == 2 ? testing::random_mask(rng, nq, nk, 3)
+                                      : testing::packed_documents(rng, nq + 48);
+        Config cfg = testing::config_for(DType::kBF16);
+        cfg.out = DType::kBF16;
+        cfg.opts.softcap = kind == 2 ? 5.0 : 0.0;
+        const std::int64_t sink_len = kind == 3 ? 2 : 0;
+        const Problem p = testing::random_problem(rng, mask.total_seqlen_q(),
+                                                  mask.total_seqlen_k(), 4, kind == 1 ? 1 : 2, d,
+                                                  cfg, sink_len);
+        check_forward(mask, p, cfg, "kernels: " + isa + ", mask kind " + std::to_string(kind));
+        ++cases;
+      }
+    }
+  EXPECT_EQ(cases, 48);
 }
 
 TEST(CpuForward, SampledRowsOfALongSequence) {

@@ -9,6 +9,8 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <optional>
+#include <type_traits>
 #include <vector>
 
 #include "../backend.h"
@@ -21,26 +23,42 @@
 
 #include "isa.h"
 
+#ifdef MAGI_CPU_AMX
+#include "amx.h"
+#endif
+
 namespace magi::kernels::cpu::MAGI_CPU_NS {
 namespace {
+
+// Spare rows past kBlockQ in the row scratch: the AMX products run over whole 32-row blocks.
+constexpr std::int64_t kSpareRows = 32;
+#ifdef MAGI_CPU_AMX
+static_assert(kSpareRows == kAmxRows);
+#endif
 
 template <typename T>
 struct FwdScratch {
   // Q (times scale) and O are [kBlockQ x ld]; S (scores, then probabilities) is
-  // [kBlockQ x kBlockK]. ld = head_dim rounded up to the vector width; the padding stays
-  // zero. The row sums l are kept as one vector per row, reduced once per task instead of
-  // once per key tile.
+  // [kBlockQ x kBlockK]. ld = head_dim rounded up to the vector width (to 32 on AMX); the
+  // padding stays zero. The row sums l are kept as one vector per row, reduced once per task
+  // instead of once per key tile. On AMX, qb is Q in bf16 (unscaled: the scale is applied to
+  // the fp32 scores, as rounding q * scale to bf16 would move the logits by 2^-9) and pb is P
+  // in bf16, the A of P V: hi parts, then from row kPbRows on the lo parts (amx.h).
   std::int64_t ld;
   Scratch<T> q, o, s, m, l, row;
+  Scratch<std::uint16_t> qb, pb;
+  static constexpr std::int64_t kPbRows = kBlockQ + kSpareRows;
   std::vector<std::uint8_t> poison;  // per row: Poison bits (pack.h)
-  explicit FwdScratch(std::int64_t head_dim)
-      : ld(round_up(head_dim, Simd<T>::kWidth)),
-        q(std::size_t(kBlockQ * ld)),
-        o(std::size_t(kBlockQ * ld)),
-        s(std::size_t(kBlockQ * kBlockK)),
+  FwdScratch(std::int64_t ld_, bool amx)
+      : ld(ld_),
+        q(std::size_t((kBlockQ + kSpareRows) * ld)),
+        o(std::size_t((kBlockQ + kSpareRows) * ld)),
+        s(std::size_t((kBlockQ + kSpareRows) * kBlockK)),
         m(kBlockQ),
         l(std::size_t(kBlockQ * Simd<T>::kWidth)),
         row(std::size_t(ld)),
+        qb(amx ? std::size_t((kBlockQ + kSpareRows) * ld) : 0),
+        pb(amx ? std::size_t(2 * kPbRows * kBlockK) : 0),
         poison(std::size_t(kBlockQ)) {}
 };
 
@@ -49,9 +67,17 @@ class Forward {
  public:
   Forward(const Mask& mask, const FwdArgs& args, const Resolved& r)
       : mask_(mask), a_(args), r_(r), d_(r.dims.head_dim),
-        group_(r.dims.heads_q / r.dims.heads_kv), kv_bad_(r.dims.heads_kv, r.dims.num_k),
-        kt_(args.k, r.num_threads, &kv_bad_, kPoisonQK),
-        v_(args.v, T(1), r.num_threads, &kv_bad_, kPoisonV) {
+        group_(r.dims.heads_q / r.dims.heads_kv), amx_(use_amx(args)),
+        kv_bad_(r.dims.heads_kv, r.dims.num_k) {
+    if (amx_) {
+#ifdef MAGI_CPU_AMX
+      akt_.emplace(args.k, AmxPack::Kind::kKeysT, r.num_threads, &kv_bad_, kPoisonQK);
+      av_.emplace(args.v, AmxPack::Kind::kValues, r.num_threads, &kv_bad_, kPoisonV);
+#endif
+    } else {
+      kt_.emplace(args.k, r.num_threads, &kv_bad_, kPoisonQK);
+      v_.emplace(args.v, T(1), r.num_threads, &kv_bad_, kPoisonV);
+    }
     if (!kv_bad_.any()) return;
     num_key_tiles_ = (r.dims.num_k + kBlockK - 1) / kBlockK;
     tile_bad_ = kv_bad_.per_block(kBlockK);
@@ -64,10 +90,16 @@ class Forward {
     std::vector<T> task_max(tasks.size(), kNegInf<T>);
 #pragma omp parallel num_threads(r_.num_threads)
     {
-      FwdScratch<T> scratch(d_);
+      FwdScratch<T> scratch(ld(), amx_);
+#ifdef MAGI_CPU_AMX
+      if (amx_) amx_configure();
+#endif
 #pragma omp for schedule(dynamic, 1)
       for (std::size_t t = 0; t < tasks.size(); ++t)
         task_max[t] = run_task(tiles[std::size_t(tasks[t].tile_idx)], tasks[t].head_idx, scratch);
+#ifdef MAGI_CPU_AMX
+      if (amx_) amx_release();
+#endif
     }
     if (a_.max_logits) store_max_logits(tasks, task_max);
   }
@@ -76,6 +108,24 @@ class Forward {
   using S = Simd<T>;
   using V = typename S::V;
   static constexpr int kW = S::kWidth;
+
+  // bf16 q, k, v and out on AMX tiles (amx.h): the output's own rounding (2^-8) then dwarfs
+  // P's rounding to bf16, while an fp32 out keeps the fp32 path and its 1e-5 contract.
+  static bool use_amx([[maybe_unused]] const FwdArgs& a) {
+#ifdef MAGI_CPU_AMX
+    return std::is_same_v<T, float> && a.q.dtype == DType::kBF16 &&
+           a.k.dtype == DType::kBF16 && a.v.dtype == DType::kBF16 &&
+           a.out.dtype == DType::kBF16;
+#else
+    return false;
+#endif
+  }
+  std::int64_t ld() const {
+#ifdef MAGI_CPU_AMX
+    if (amx_) return amx_ld(d_);
+#endif
+    return round_up(d_, kW);
+  }
 
   T run_task(const TileWork& tile, std::int64_t h, FwdScratch<T>& b) const {
     const std::int64_t q0 = tile.rows.start, num_rows = tile.rows.size(), ld = b.ld;
@@ -89,8 +139,12 @@ class Forward {
     if (!tile.slices.empty())
       for (std::int64_t i = 0; i < num_rows; ++i) {
         T* row = b.q.get() + i * ld;
-        load_row<T>(a_.q, {q0 + i, h}, d_, T(r_.scale), row);
+        load_row<T>(a_.q, {q0 + i, h}, d_, amx_ ? T(1) : T(r_.scale), row);
         if (zero_if_non_finite(row, d_)) poison[i] = kPoisonQ;
+#ifdef MAGI_CPU_AMX
+        if constexpr (std::is_same_v<T, float>)
+          if (amx_) to_bf16(row, ld, b.qb.get() + i * ld);
+#endif
       }
     T raw_max = kNegInf<T>;
     const std::int64_t g = h / group_;
@@ -100,10 +154,9 @@ class Forward {
                         [&](std::int64_t t, Range tile_rows, Range cols, TileClass cls) {
         if (!tile_bad_.empty() && tile_bad_[std::size_t(g * num_key_tiles_ + t)])
           poison_rows(s, g, tile_rows, cols, poison - q0);
-        const TileCols tc = tile_cols<T>(t, cols);
+        const TileCols tc = amx_ ? whole_tile(t, cols) : tile_cols<T>(t, cols);
         const T x = key_tile(s, tile_rows, tile_rows.start - q0, cols, tc,
-                             cls == TileClass::kPartial || tc.widened, kt_.tile(g, t) + tc.c0,
-                             v_.at(g, cols.start), b);
+                             cls == TileClass::kPartial || tc.widened, g, t, b);
         raw_max = std::max(raw_max, x);
       });
     }
@@ -124,14 +177,43 @@ class Forward {
     }
   }
 
-  // One key tile of one slice for rows `rows` (first at scratch row r0): scores against
-  // packed columns tc (K^T at kt, row stride kBlockK), masking, online softmax update, then
-  // O += P V over exactly `cols` (V rows from v). Returns the max raw logit (softcap only).
+  // All 64 columns of key tile t, for the AMX products (which take whole 32-key blocks).
+  static TileCols whole_tile(std::int64_t t, Range cols) {
+    TileCols tc;
+    tc.start = t * kBlockK;
+    tc.c1 = kBlockK;
+    tc.widened = cols.start != tc.start || cols.end != tc.start + kBlockK;
+    return tc;
+  }
+
+  // One key tile (t, of kv head g) of one slice for rows `rows` (first at scratch row r0):
+  // scores against packed columns tc, masking, online softmax update, then O += P V over
+  // exactly `cols` (the fp32 path) or over all 64 keys, P being 0 outside cols (AMX).
+  // Returns the max raw logit (softcap only).
   T key_tile(const Slice& s, Range rows, std::int64_t r0, Range cols, const TileCols& tc,
-             bool masked, const T* kt, const T* v, FwdScratch<T>& b) const {
+             bool masked, std::int64_t g, std::int64_t t, FwdScratch<T>& b) const {
     const std::int64_t nr = rows.size(), width = tc.width(), ld = b.ld;
     T* sc = b.s.get();
-    gemm<T, false>(nr, width, d_, b.q.get() + r0 * ld, ld, 1, kt, kBlockK, sc, width);
+    NextTile next;
+    [[maybe_unused]] std::uint16_t* pb = nullptr;
+    if (!amx_) {
+      const T* kt = kt_->tile(g, t);
+      gemm<T, false>(nr, width, d_, b.q.get() + r0 * ld, ld, 1, kt + tc.c0, kBlockK, sc, width);
+      const std::int64_t v_bytes = kBlockK * v_->stride() * std::int64_t(sizeof(T));
+      next = next_tile(kt + d_ * kBlockK, d_ * kBlockK * std::int64_t(sizeof(T)),
+                       v_->at(g, tc.start + kBlockK), v_bytes, nr);
+    } else {
+#ifdef MAGI_CPU_AMX
+      if constexpr (std::is_same_v<T, float>) {
+        amx_qk(round_up(nr, kAmxRows), ld, b.qb.get() + r0 * ld, akt_->tile(g, t), sc);
+        const V scale = S::splat(T(r_.scale));
+        for (std::int64_t j = 0; j < nr * width; j += kW) S::store(sc + j, S::load(sc + j) * scale);
+        next = next_tile(akt_->tile(g, t + 1), akt_->tile_bytes(), av_->tile(g, t + 1),
+                         av_->tile_bytes(), nr);
+        pb = b.pb.get();
+      }
+#endif
+    }
     if (masked)
       for (std::int64_t i = 0; i < nr; ++i)
         mask_row(s, rows.start + i, cols, tc.base(), width, sc + i * width);
@@ -139,8 +221,6 @@ class Forward {
     if (r_.softcap > 0) raw_max = apply_softcap(sc, nr * width);
     T* m = b.m.get() + r0;
     T* l = b.l.get() + r0 * kW;
-    const NextTile next =
-        next_tile(kt - tc.c0, v + (tc.start + kBlockK - cols.start) * v_.stride(), nr);
     for (std::int64_t i = 0; i < nr; ++i) {
       next.prefetch(i);
       T* row = sc + i * width;
@@ -156,6 +236,11 @@ class Forward {
         S::store(row + j, p);
         vsum += p;
       }
+#ifdef MAGI_CPU_AMX
+      if constexpr (std::is_same_v<T, float>)
+        if (pb != nullptr)
+          to_bf16_pair(row, width, pb + i * kBlockK, pb + (b.kPbRows + i) * kBlockK);
+#endif
       const T alpha = m[i] == m_new ? T(1) : std::exp(m[i] - m_new);
       S::store(l + i * kW, S::load(l + i * kW) * alpha + vsum);
       m[i] = m_new;
@@ -164,8 +249,22 @@ class Forward {
         for (std::int64_t c = 0; c < ld; c += kW) S::store(o + c, S::load(o + c) * alpha);
       }
     }
-    gemm<T, true>(nr, ld, cols.size(), sc + (cols.start - tc.base()), width, 1, v, v_.stride(),
-                  b.o.get() + r0 * ld, ld);
+    if (!amx_) {
+      gemm<T, true>(nr, ld, cols.size(), sc + (cols.start - tc.base()), width, 1,
+                    v_->at(g, cols.start), v_->stride(), b.o.get() + r0 * ld, ld);
+      return raw_max;
+    }
+#ifdef MAGI_CPU_AMX
+    if constexpr (std::is_same_v<T, float>) {
+      // Rows past nr of the last 32-row block add P = 0: the O rows there (other rows of the
+      // task, or spare ones) stay as they are.
+      const std::int64_t blocks = round_up(nr, kAmxRows);
+      std::uint16_t* lo = pb + b.kPbRows * kBlockK;
+      std::fill(pb + nr * kBlockK, pb + blocks * kBlockK, std::uint16_t(0));
+      std::fill(lo + nr * kBlockK, lo + blocks * kBlockK, std::uint16_t(0));
+      amx_pv(blocks, ld, pb, lo, av_->tile(g, t), b.o.get() + r0 * ld);
+    }
+#endif
     return raw_max;
   }
 
@@ -175,9 +274,9 @@ class Forward {
   // block stalled on them: perf put 17 % of P V's samples on one load of B. Past the end of
   // a head (or of the pack) it fetches lines nobody reads next; prefetches never fault.
   struct NextTile {
-    const char* k;  // K^T of the next tile: d x kBlockK, contiguous (TilePack)
-    const char* v;  // V rows of the next tile: kBlockK rows, stride apart
-    std::int64_t k_bytes, v_bytes, per_row;
+    const char* k = nullptr;  // K^T of the next tile, contiguous (TilePack, AmxPack)
+    const char* v = nullptr;  // V of the next tile: kBlockK rows, stride apart, or a tile
+    std::int64_t k_bytes = 0, v_bytes = 0, per_row = 64;
     void prefetch(std::int64_t i) const {
       for (std::int64_t c = i * per_row; c < (i + 1) * per_row; c += 64) {
         if (c < k_bytes) __builtin_prefetch(k + c, 0, 2);
@@ -185,13 +284,14 @@ class Forward {
       }
     }
   };
-  NextTile next_tile(const T* kt_tile, const T* v_next, std::int64_t nr) const {
+  static NextTile next_tile(const void* k, std::int64_t k_bytes, const void* v,
+                            std::int64_t v_bytes, std::int64_t nr) {
     NextTile n;
-    n.k_bytes = d_ * kBlockK * std::int64_t(sizeof(T));
-    n.k = reinterpret_cast<const char*>(kt_tile) + n.k_bytes;
-    n.v = reinterpret_cast<const char*>(v_next);
-    n.v_bytes = kBlockK * v_.stride() * std::int64_t(sizeof(T));
-    n.per_row = round_up((std::max(n.k_bytes, n.v_bytes) + nr - 1) / nr, 64);
+    n.k = static_cast<const char*>(k);
+    n.v = static_cast<const char*>(v);
+    n.k_bytes = k_bytes;
+    n.v_bytes = v_bytes;
+    n.per_row = round_up((std::max(k_bytes, v_bytes) + nr - 1) / nr, 64);
     return n;
   }
 
@@ -293,9 +393,14 @@ class Forward {
   const FwdArgs& a_;
   const Resolved& r_;
   const std::int64_t d_, group_;
-  NonFinite kv_bad_;      // K (kPoisonQK) and V (kPoisonV) rows held NaN/inf, per kv head
-  const TilePack<T> kt_;  // K^T per key tile
-  const Rows<T> v_;
+  const bool amx_;
+  NonFinite kv_bad_;  // K (kPoisonQK) and V (kPoisonV) rows held NaN/inf, per kv head
+  // K^T per key tile and V rows (fp32 path), or both per key tile in bf16 (AMX).
+  std::optional<TilePack<T>> kt_;
+  std::optional<Rows<T>> v_;
+#ifdef MAGI_CPU_AMX
+  std::optional<AmxPack> akt_, av_;
+#endif
   std::int64_t num_key_tiles_ = 0;
   // Poison bits per (kv head, key tile), tested once per tile visit; empty when none is set.
   std::vector<std::uint8_t> tile_bad_;
