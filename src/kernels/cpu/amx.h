@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 
 #include "io.h"
 #include "pack.h"
@@ -79,30 +80,35 @@ inline __m512 amx_exp2(__m512 t) {
   return _mm512_maskz_scalef_ps(kAllLanes, p, n);
 }
 
-// bf16 bits of 16 finite floats, rounded to nearest even (bf16_bits on each), still in the
-// low halves of 32-bit lanes.
-inline AmxU32 bf16_bits16(__m512 x) {
-  const AmxU32 u = AmxU32(x);
-  return (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+// The 16 bf16 of h's low (kHalf 0) or high half widened back to fp32.
+using AmxU16 = std::uint16_t __attribute__((vector_size(64)));
+using AmxU16Half = std::uint16_t __attribute__((vector_size(32)));
+template <int kHalf>
+inline __m512 bf16_half_to_f32(AmxU16 h) {
+  const AmxU16Half x = [&]<int... I>(std::integer_sequence<int, I...>) {
+    return __builtin_shufflevector(h, h, (kHalf * 16 + I)...);
+  }(std::make_integer_sequence<int, 16>());
+  return __m512(AmxU32(_mm512_maskz_cvtepu16_epi32(kAllLanes, __m256i(x))) << 16);
 }
 
 // One row of P for P V: p = 2^(s * c - b) for the row's kBlockK scores s, stored as bf16 hi + lo
-// (hi = bf16_bits(p), lo = bf16_bits(p - hi): 16 significant bits); returns the row's sum of p,
-// per lane. The scale and log2(e) are folded into c and b (no separate pass over the scores),
-// and p never goes back to memory as fp32.
+// (hi = p rounded to bf16, lo = p - hi rounded to bf16: 16 significant bits; vcvtne2ps2bf16
+// rounds to nearest even like bf16_bits, and takes denormals as 0, which moves p by < 2^-126);
+// returns the row's sum of p, per lane. The scale and log2(e) are folded into c and b (no
+// separate pass over the scores), and p never goes back to memory as fp32.
 inline __m512 amx_softmax_row(const float* s, float c, float b, std::uint16_t* hi,
                               std::uint16_t* lo) {
   const __m512 vc = _mm512_set1_ps(c), vb = _mm512_set1_ps(b);
   __m512 sum = _mm512_setzero_ps();
-  for (std::int64_t j = 0; j < kBlockK; j += 16) {
-    const __m512 p = amx_exp2(_mm512_fmsub_ps(_mm512_loadu_ps(s + j), vc, vb));
-    sum += p;
-    const AmxU32 h = bf16_bits16(p);
-    const __m512 rest = p - __m512(h << 16);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(hi + j),
-                        _mm512_maskz_cvtepi32_epi16(kAllLanes, __m512i(h)));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo + j),
-                        _mm512_maskz_cvtepi32_epi16(kAllLanes, __m512i(bf16_bits16(rest))));
+  for (std::int64_t j = 0; j < kBlockK; j += 32) {
+    const __m512 p0 = amx_exp2(_mm512_fmsub_ps(_mm512_loadu_ps(s + j), vc, vb));
+    const __m512 p1 = amx_exp2(_mm512_fmsub_ps(_mm512_loadu_ps(s + j + 16), vc, vb));
+    sum += p0 + p1;
+    const AmxU16 h = AmxU16(_mm512_cvtne2ps_pbh(p1, p0));  // p0 in the low half
+    const AmxU16 l =
+        AmxU16(_mm512_cvtne2ps_pbh(p1 - bf16_half_to_f32<1>(h), p0 - bf16_half_to_f32<0>(h)));
+    std::memcpy(hi + j, &h, sizeof h);
+    std::memcpy(lo + j, &l, sizeof l);
   }
   return sum;
 }
