@@ -77,6 +77,7 @@ print(magiattn.info()["cpu_kernels"])
 
 
 def test_amx_and_avx512_agree_on_bf16(tmp_path):
+    pytest.importorskip("torch", reason="the bf16 probe makes its inputs with torch")
     chosen, a = _run(tmp_path, None, BF16_PROBE)
     if not chosen.startswith("amx"):
         pytest.skip(f"no AMX copy runs here (no AMX-BF16 on this CPU, no kernel permission, "

@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 
 #include "io.h"
 #include "pack.h"
@@ -51,12 +52,65 @@ inline float from_bf16_bits(std::uint16_t b) {
 inline void to_bf16(const float* src, std::int64_t n, std::uint16_t* dst) {
   for (std::int64_t i = 0; i < n; ++i) dst[i] = bf16_bits(src[i]);
 }
-// hi + lo = src to 16 significant bits, both bf16.
-inline void to_bf16_pair(const float* src, std::int64_t n, std::uint16_t* hi, std::uint16_t* lo) {
-  for (std::int64_t i = 0; i < n; ++i) {
-    hi[i] = bf16_bits(src[i]);
-    lo[i] = bf16_bits(src[i] - from_bf16_bits(hi[i]));
+// The softmax's vector code below uses GCC vector operators where they exist and the
+// zero-masking forms of the intrinsics otherwise (all lanes on): GCC 12's unmasked forms start
+// from _mm512_undefined_*, which -Wmaybe-uninitialized reports once inlined.
+using AmxU32 = std::uint32_t __attribute__((vector_size(64)));
+inline constexpr __mmask16 kAllLanes = 0xffff;
+
+// 2^t for t <= 0 on AVX-512: t = n + f, |f| <= 1/2, 2^f = exp(f ln2) by Taylor series of
+// degree 6 (|f ln2| <= 0.347: 0.347^7 / 7! = 1.2e-7, about fp32's ulp, against P's 2^-17 as
+// hi + lo), times 2^n by vscalefps, which also flushes to exactly 0: t is clamped at -160, where
+// 1.5 * 2^-160 rounds to 0, so masked cells (-inf) and rows with nothing visible add exactly 0.
+inline __m512 amx_exp2(__m512 t) {
+  t = _mm512_maskz_max_ps(kAllLanes, t, _mm512_set1_ps(-160.0f));
+  const __m512 n =
+      _mm512_maskz_roundscale_ps(kAllLanes, t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = t - n;  // exact
+  constexpr float kLn2 = 0.6931471805599453f;
+  constexpr float c2 = kLn2 * kLn2 / 2, c3 = c2 * kLn2 / 3, c4 = c3 * kLn2 / 4,
+                  c5 = c4 * kLn2 / 5, c6 = c5 * kLn2 / 6;
+  __m512 p = _mm512_set1_ps(c6);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c5));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c4));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c3));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c2));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kLn2));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return _mm512_maskz_scalef_ps(kAllLanes, p, n);
+}
+
+// The 16 bf16 of h's low (kHalf 0) or high half widened back to fp32.
+using AmxU16 = std::uint16_t __attribute__((vector_size(64)));
+using AmxU16Half = std::uint16_t __attribute__((vector_size(32)));
+template <int kHalf>
+inline __m512 bf16_half_to_f32(AmxU16 h) {
+  const AmxU16Half x = [&]<int... I>(std::integer_sequence<int, I...>) {
+    return __builtin_shufflevector(h, h, (kHalf * 16 + I)...);
+  }(std::make_integer_sequence<int, 16>());
+  return __m512(AmxU32(_mm512_maskz_cvtepu16_epi32(kAllLanes, __m256i(x))) << 16);
+}
+
+// One row of P for P V: p = 2^(s * c - b) for the row's kBlockK scores s, stored as bf16 hi + lo
+// (hi = p rounded to bf16, lo = p - hi rounded to bf16: 16 significant bits; vcvtne2ps2bf16
+// rounds to nearest even like bf16_bits, and takes denormals as 0, which moves p by < 2^-126);
+// returns the row's sum of p, per lane. The scale and log2(e) are folded into c and b (no
+// separate pass over the scores), and p never goes back to memory as fp32.
+inline __m512 amx_softmax_row(const float* s, float c, float b, std::uint16_t* hi,
+                              std::uint16_t* lo) {
+  const __m512 vc = _mm512_set1_ps(c), vb = _mm512_set1_ps(b);
+  __m512 sum = _mm512_setzero_ps();
+  for (std::int64_t j = 0; j < kBlockK; j += 32) {
+    const __m512 p0 = amx_exp2(_mm512_fmsub_ps(_mm512_loadu_ps(s + j), vc, vb));
+    const __m512 p1 = amx_exp2(_mm512_fmsub_ps(_mm512_loadu_ps(s + j + 16), vc, vb));
+    sum += p0 + p1;
+    const AmxU16 h = AmxU16(_mm512_cvtne2ps_pbh(p1, p0));  // p0 in the low half
+    const AmxU16 l =
+        AmxU16(_mm512_cvtne2ps_pbh(p1 - bf16_half_to_f32<1>(h), p0 - bf16_half_to_f32<0>(h)));
+    std::memcpy(hi + j, &h, sizeof h);
+    std::memcpy(lo + j, &l, sizeof l);
   }
+  return sum;
 }
 
 // Loads the palette for this thread: tile state is per thread, and every OpenMP thread of the

@@ -59,13 +59,15 @@ bool has_avx512() {
 #endif
 
 #ifdef MAGI_CPU_AMX_VARIANT
-// CPUID.(7, 0):EDX bit 22 AMX-BF16, bit 24 AMX-TILE; then Linux (5.16+) must let this process
-// use the tile data state (XFEATURE_XTILEDATA, 18): without that grant the first tile
-// instruction faults.
+// CPUID.(7, 0):EDX bit 22 AMX-BF16, bit 24 AMX-TILE, and CPUID.(7, 1):EAX bit 5 AVX512-BF16
+// (the softmax's conversion of P, amx.h); then Linux (5.16+) must let this process use the
+// tile data state (XFEATURE_XTILEDATA, 18): without that grant the first tile instruction
+// faults.
 bool has_amx() {
   unsigned a = 0, b = 0, c = 0, d = 0;
   if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0) return false;
   if ((d & (1u << 22)) == 0 || (d & (1u << 24)) == 0) return false;
+  if (__get_cpuid_count(7, 1, &a, &b, &c, &d) == 0 || (a & (1u << 5)) == 0) return false;
   constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
   return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
 }

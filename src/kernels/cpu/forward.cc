@@ -120,6 +120,9 @@ class Forward {
     return false;
 #endif
   }
+  // The AMX path applies the scale inside the softmax's exp unless a softcap needs scaled
+  // scores first.
+  bool amx_fused_scale() const { return r_.softcap <= 0 && r_.scale > 0; }
   std::int64_t ld() const {
 #ifdef MAGI_CPU_AMX
     if (amx_) return amx_ld(d_);
@@ -206,8 +209,13 @@ class Forward {
 #ifdef MAGI_CPU_AMX
       if constexpr (std::is_same_v<T, float>) {
         amx_qk(round_up(nr, kAmxRows), ld, b.qb.get() + r0 * ld, akt_->tile(g, t), sc);
-        const V scale = S::splat(T(r_.scale));
-        for (std::int64_t j = 0; j < nr * width; j += kW) S::store(sc + j, S::load(sc + j) * scale);
+        // Without softcap the scale is folded into the softmax's exp argument (amx.h); the
+        // softcap takes scaled scores.
+        if (!amx_fused_scale()) {
+          const V scale = S::splat(T(r_.scale));
+          for (std::int64_t j = 0; j < nr * width; j += kW)
+            S::store(sc + j, S::load(sc + j) * scale);
+        }
         next = next_tile(akt_->tile(g, t + 1), akt_->tile_bytes(), av_->tile(g, t + 1),
                          av_->tile_bytes(), nr);
         pb = b.pb.get();
@@ -226,20 +234,30 @@ class Forward {
       T* row = sc + i * width;
       V vmax = S::load(row);
       for (std::int64_t j = kW; j < width; j += kW) vmax = S::max(vmax, S::load(row + j));
-      const T m_new = std::max(m[i], S::reduce_max(vmax));
+      // Scores still unscaled on the fused AMX path: max(s) * scale = max(s * scale), scale > 0.
+      const T row_max = S::reduce_max(vmax) * (pb != nullptr && amx_fused_scale() ? T(r_.scale) : T(1));
+      const T m_new = std::max(m[i], row_max);
       // A row with nothing visible so far: P is all zero (exp(-inf) = 0); subtracting 0
       // instead of -inf avoids -inf - -inf = NaN.
-      const V shift = S::splat(m_new == kNegInf<T> ? T(0) : m_new);
+      const T shift_s = m_new == kNegInf<T> ? T(0) : m_new;
       V vsum{};
-      for (std::int64_t j = 0; j < width; j += kW) {
-        const V p = S::exp(S::load(row + j) - shift);
-        S::store(row + j, p);
-        vsum += p;
+      if (pb == nullptr) {
+        const V shift = S::splat(shift_s);
+        for (std::int64_t j = 0; j < width; j += kW) {
+          const V p = S::exp(S::load(row + j) - shift);
+          S::store(row + j, p);
+          vsum += p;
+        }
       }
 #ifdef MAGI_CPU_AMX
       if constexpr (std::is_same_v<T, float>)
-        if (pb != nullptr)
-          to_bf16_pair(row, width, pb + i * kBlockK, pb + (b.kPbRows + i) * kBlockK);
+        if (pb != nullptr) {
+          // p = exp(s * scale - m) = 2^(s * scale log2(e) - m log2(e)), as bf16 hi + lo.
+          constexpr float kLog2e = 1.4426950408889634f;
+          const float c = (amx_fused_scale() ? float(r_.scale) : 1.0f) * kLog2e;
+          vsum = amx_softmax_row(row, c, shift_s * kLog2e, pb + i * kBlockK,
+                                 pb + (b.kPbRows + i) * kBlockK);
+        }
 #endif
       const T alpha = m[i] == m_new ? T(1) : std::exp(m[i] - m_new);
       S::store(l + i * kW, S::load(l + i * kW) * alpha + vsum);
