@@ -113,6 +113,33 @@ struct Simd {
     return underflow ? splat(0) : scaled;
   }
 
+  // exp(x) for x <= 0 or NaN only (the forward's softmax: scores minus a max at least as
+  // large), bit for bit exp() there with less range work: no overflow test, x is not cleared
+  // before the reduction (a lane below kMin computes garbage that the final select drops), and
+  // 2^n comes from the bits of the rounding sum itself: t = x log2e + (1.5 * 2^mantissa +
+  // bias) holds n + bias in its low mantissa bits, so t's bits << mantissa are 2^n's (the
+  // rest shifts out), with no float -> int conversion and no bias add.
+  static V exp_nonpos(V x) {
+    constexpr bool kF32 = sizeof(T) == 4;
+    constexpr int kDegree = kF32 ? 7 : 13;
+    constexpr T kLog2e = T(1.4426950408889634);
+    constexpr T kLn2Hi = kF32 ? T(0.693359375) : T(0.693145751953125);
+    constexpr T kLn2Lo = kF32 ? T(-2.12194440e-4) : T(1.4286068203094173e-06);
+    constexpr Int kBias = kF32 ? 127 : 1023;
+    constexpr T kShift = (kF32 ? T(12582912.0) : T(6755399441055744.0)) + T(kBias);
+    constexpr T kMin = kF32 ? T(-87.3) : T(-708.3);
+    constexpr int kMantissa = kF32 ? 23 : 52;
+
+    const auto underflow = x < kMin;
+    const V t = fma(x, splat(kLog2e), splat(kShift));
+    const V n = t - kShift;  // x log2e rounded to nearest, as in exp()
+    V r = x - n * kLn2Hi - n * kLn2Lo;
+    V p = splat(T(1) / factorial(kDegree));
+    for (int k = kDegree - 1; k >= 0; --k) p = p * r + T(1) / factorial(k);
+    const V scaled = p * std::bit_cast<V>(std::bit_cast<VI>(t) << kMantissa);
+    return underflow ? splat(0) : scaled;
+  }
+
  private:
   // Lane i takes lane i ^ kStride.
   template <int kStride>
