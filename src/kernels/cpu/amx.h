@@ -167,6 +167,15 @@ class AmxPack {
   Scratch<std::uint16_t> data_;
 };
 
+// C tiles 0-3 (a 32 x 32 block of fp32) += A tiles 4, 5 (its two 16-row halves) times B tiles
+// 6, 7 (its two 16-column halves): the products' one step.
+inline void amx_dp_2x2() {
+  _tile_dpbf16ps(0, 4, 6);
+  _tile_dpbf16ps(1, 4, 7);
+  _tile_dpbf16ps(2, 5, 6);
+  _tile_dpbf16ps(3, 5, 7);
+}
+
 // s[rows x 64] = q[rows x ld] * K^T of one tile (kKeysT layout); rows a multiple of 32.
 inline void amx_qk(std::int64_t rows, std::int64_t ld, const std::uint16_t* q,
                    const std::uint16_t* kt, float* s) {
@@ -183,10 +192,7 @@ inline void amx_qk(std::int64_t rows, std::int64_t ld, const std::uint16_t* q,
         _tile_loadd(5, q + (r + 16) * ld + c, qs);
         _tile_loadd(6, kt + (c / 2 * kBlockK + n) * 2, ks);
         _tile_loadd(7, kt + (c / 2 * kBlockK + n + 16) * 2, ks);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
+        amx_dp_2x2();
       }
       _tile_stored(0, s + r * kBlockK + n, ss);
       _tile_stored(1, s + r * kBlockK + n + 16, ss);
@@ -214,16 +220,10 @@ inline void amx_pv(std::int64_t rows, std::int64_t ld, const std::uint16_t* p,
         _tile_loadd(5, p + (r + 16) * kBlockK + k, ps);
         _tile_loadd(6, v + (k / 2 * ld + d) * 2, vs);
         _tile_loadd(7, v + (k / 2 * ld + d + 16) * 2, vs);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
+        amx_dp_2x2();
         _tile_loadd(4, p_lo + r * kBlockK + k, ps);
         _tile_loadd(5, p_lo + (r + 16) * kBlockK + k, ps);
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
+        amx_dp_2x2();
       }
       _tile_stored(0, o0, os);
       _tile_stored(1, o0 + 16, os);

@@ -245,7 +245,8 @@ class Forward {
       V vmax = S::load(row);
       for (std::int64_t j = kW; j < width; j += kW) vmax = S::max(vmax, S::load(row + j));
       // Scores still unscaled on the fused AMX path: max(s) * scale = max(s * scale), scale > 0.
-      const T row_max = S::reduce_max(vmax) * (pb != nullptr && amx_fused_scale() ? T(r_.scale) : T(1));
+      const T to_scaled = pb != nullptr && amx_fused_scale() ? T(r_.scale) : T(1);
+      const T row_max = S::reduce_max(vmax) * to_scaled;
       const T m_new = std::max(m[i], row_max);
       // A row with nothing visible so far: P is all zero (exp(-inf) = 0); subtracting 0
       // instead of -inf avoids -inf - -inf = NaN.

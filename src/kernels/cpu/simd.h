@@ -86,29 +86,13 @@ struct Simd {
   // exp(x), meant for x <= 0 (scores minus their row max or lse): exactly 0 below the
   // smallest normal (x < -87.3 for fp32, -708 for fp64), which is how masked cells (-inf)
   // vanish, and +inf above the largest finite result.
-  // x = n ln2 + r with |r| <= ln2/2, exp(r) by Taylor series: degree 7 leaves
-  // 0.347^8/8! = 5e-9 < fp32 ulp (6e-8), degree 13 leaves 4e-18 < fp64 ulp (1.1e-16).
   static V exp(V x) {
-    constexpr bool kF32 = sizeof(T) == 4;
-    constexpr int kDegree = kF32 ? 7 : 13;
-    constexpr T kLog2e = T(1.4426950408889634);
-    constexpr T kLn2Hi = kF32 ? T(0.693359375) : T(0.693145751953125);
-    constexpr T kLn2Lo = kF32 ? T(-2.12194440e-4) : T(1.4286068203094173e-06);
-    constexpr T kRound = kF32 ? T(12582912.0) : T(6755399441055744.0);  // 1.5 * 2^mantissa
-    constexpr T kMin = kF32 ? T(-87.3) : T(-708.3);
-    constexpr T kMax = kF32 ? T(88.7) : T(709.7);
-    constexpr int kMantissa = kF32 ? 23 : 52;
-    constexpr Int kBias = kF32 ? 127 : 1023;
-
-    const auto underflow = x < kMin;
-    const auto overflow = x > kMax;
+    const auto underflow = x < ExpConst::kMin;
+    const auto overflow = x > ExpConst::kMax;
     V xc = underflow || overflow ? splat(0) : x;
-    V n = (xc * kLog2e + kRound) - kRound;  // round to nearest
-    V r = xc - n * kLn2Hi - n * kLn2Lo;
-    V p = splat(T(1) / factorial(kDegree));
-    for (int k = kDegree - 1; k >= 0; --k) p = p * r + T(1) / factorial(k);
-    VI bits = (__builtin_convertvector(n, VI) + kBias) << kMantissa;
-    V scaled = p * std::bit_cast<V>(bits);
+    V n = (xc * ExpConst::kLog2e + ExpConst::kRound) - ExpConst::kRound;  // round to nearest
+    VI bits = (__builtin_convertvector(n, VI) + ExpConst::kBias) << ExpConst::kMantissa;
+    V scaled = exp_reduced(xc, n) * std::bit_cast<V>(bits);
     scaled = overflow ? splat(std::numeric_limits<T>::infinity()) : scaled;
     return underflow ? splat(0) : scaled;
   }
@@ -120,27 +104,38 @@ struct Simd {
   // bias) holds n + bias in its low mantissa bits, so t's bits << mantissa are 2^n's (the
   // rest shifts out), with no float -> int conversion and no bias add.
   static V exp_nonpos(V x) {
-    constexpr bool kF32 = sizeof(T) == 4;
-    constexpr int kDegree = kF32 ? 7 : 13;
-    constexpr T kLog2e = T(1.4426950408889634);
-    constexpr T kLn2Hi = kF32 ? T(0.693359375) : T(0.693145751953125);
-    constexpr T kLn2Lo = kF32 ? T(-2.12194440e-4) : T(1.4286068203094173e-06);
-    constexpr Int kBias = kF32 ? 127 : 1023;
-    constexpr T kShift = (kF32 ? T(12582912.0) : T(6755399441055744.0)) + T(kBias);
-    constexpr T kMin = kF32 ? T(-87.3) : T(-708.3);
-    constexpr int kMantissa = kF32 ? 23 : 52;
-
-    const auto underflow = x < kMin;
-    const V t = fma(x, splat(kLog2e), splat(kShift));
+    constexpr T kShift = ExpConst::kRound + T(ExpConst::kBias);
+    const auto underflow = x < ExpConst::kMin;
+    const V t = fma(x, splat(ExpConst::kLog2e), splat(kShift));
     const V n = t - kShift;  // x log2e rounded to nearest, as in exp()
-    V r = x - n * kLn2Hi - n * kLn2Lo;
-    V p = splat(T(1) / factorial(kDegree));
-    for (int k = kDegree - 1; k >= 0; --k) p = p * r + T(1) / factorial(k);
-    const V scaled = p * std::bit_cast<V>(std::bit_cast<VI>(t) << kMantissa);
-    return underflow ? splat(0) : scaled;
+    const V two_n = std::bit_cast<V>(std::bit_cast<VI>(t) << ExpConst::kMantissa);
+    return underflow ? splat(0) : exp_reduced(x, n) * two_n;
   }
 
  private:
+  // The constants of exp and exp_nonpos: x = n ln2 + r with |r| <= ln2/2 (ln2 in a high part
+  // exact in n * kLn2Hi and a low part), exp(r) by Taylor series: degree 7 leaves
+  // 0.347^8/8! = 5e-9 < fp32 ulp (6e-8), degree 13 leaves 4e-18 < fp64 ulp (1.1e-16).
+  struct ExpConst {
+    static constexpr bool kF32 = sizeof(T) == 4;
+    static constexpr int kDegree = kF32 ? 7 : 13;
+    static constexpr T kLog2e = T(1.4426950408889634);
+    static constexpr T kLn2Hi = kF32 ? T(0.693359375) : T(0.693145751953125);
+    static constexpr T kLn2Lo = kF32 ? T(-2.12194440e-4) : T(1.4286068203094173e-06);
+    static constexpr T kRound = kF32 ? T(12582912.0) : T(6755399441055744.0);  // 1.5 * 2^mant.
+    static constexpr T kMin = kF32 ? T(-87.3) : T(-708.3);
+    static constexpr T kMax = kF32 ? T(88.7) : T(709.7);
+    static constexpr int kMantissa = kF32 ? 23 : 52;
+    static constexpr Int kBias = kF32 ? 127 : 1023;
+  };
+  // exp(x - n ln2) for n = x log2e rounded to an integer.
+  static V exp_reduced(V x, V n) {
+    const V r = x - n * ExpConst::kLn2Hi - n * ExpConst::kLn2Lo;
+    V p = splat(T(1) / factorial(ExpConst::kDegree));
+    for (int k = ExpConst::kDegree - 1; k >= 0; --k) p = p * r + T(1) / factorial(k);
+    return p;
+  }
+
   // Lane i takes lane i ^ kStride.
   template <int kStride>
   static V swap_lanes(V v) {
