@@ -1,35 +1,9 @@
 // Helpers shared by the Hopper (sm90) GPU tests (sm90_forward_test.cc, sm90_prepared_test.cc):
-// device plumbing, which variants the build has, one case's problem and device buffers, the
-// same-precision naive reference, and the comparison with the fp64 oracle by docs/semantics.md
-// §5's rule for GPU kernels: the kernel's error may be at most twice that of a naive
-// implementation in the same precision.
+// device plumbing, which variants the build has, one case's problem and device buffers, and the
+// comparison with the fp64 oracle by docs/semantics.md §5's rule for GPU kernels: the kernel's
+// error may be at most twice that of a naive implementation in the same precision (the naive
+// reference and the error measures: tests/support/naive.h).
 //
-// Every case draws N(0, 1) inputs rounded to bf16/fp16 (testing::random_problem), so the fp64
-// oracle (oracle::forward) sees exactly the values the GPU reads. Next to it, naive_forward()
-// below is the same-precision naive reference, computed on the host row by row over the dense
-// mask (masks::to_dense): s = scale * q.k in fp32 (softcap applied if set), m = max s,
-// p = exp(s - m) in fp32 and rounded to the 16-bit input dtype before it multiplies V (as the
-// kernel's P operand is), O = sum p v in fp32, l = sum of the unrounded p in fp32,
-// lse = m + log l, out = O / l; a sink is then folded in as docs/semantics.md §2 says
-// (lse' = logaddexp(lse, logsumexp sink), out' = out * exp(lse - lse')), and out is rounded to
-// the out dtype.
-//
-// Error measures (NaN/inf positions must match first, else the error is +inf):
-//   out:        oracle::rel_error, i.e. max|a - b| / max|b| over the whole tensor;
-//               required: err(gpu) <= 2 * err(naive) + 1e-6.
-//   lse:        max absolute error over the finite entries (-inf rows must be -inf exactly);
-//               required: err(gpu) <= 2 * err(naive) + 1e-5.
-//   max_logits: max|a - b| / max(max|b|, 1) against the oracle (fp32 from exact 16-bit
-//               products); required <= 1e-5.
-// Rows that see nothing must give out exactly 0 and lse exactly -inf (lse_sink with a sink).
-//
-// No CUDA device (CI, build machines): every test skips at REQUIRE_GPU() with kNoDevice,
-// "<binary>: no CUDA device", which CTest turns into "Skipped": tests/gpu/CMakeLists.txt sets
-// MAGI_GPU_TEST_BINARY to the binary's name and the same text as the test's
-// SKIP_REGULAR_EXPRESSION. Variants that are not built (MAGI_CUDA_KERNELS=ci has bf16/D128
-// only) are detected by their "no kernel for q dtype" error and skipped with a message
-// (built()); bf16/D128 must always run. MAGI_TEST_SEED replays the random sweeps;
-// MAGI_TEST_LEVEL=full makes them longer.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -234,30 +208,14 @@ struct GpuCall {
 };
 
 // ---------------------------------------------------------------------------------------------
-// The same-precision naive reference (header comment)
+// Comparison (the naive reference and expect_close: tests/support/naive.h)
 
-FwdResult naive_forward(const Mask& mask, const Problem& p, DType in, DType out_dtype);
-// The backward's same-precision naive reference: naive_forward's out (rounded to `in`) and
-// lse, then per visible cell in fp32 Delta = out . dout, P = exp(l - lse), dP = dout . v,
-// dS = P (dP - Delta) (times 1 - tanh^2 under softcap), P and dS rounded to `in` as the
-// kernel's P and dS operands are, dq = scale sum dS k, dk = scale sum dS q, dv = sum P dout
-// accumulated in fp32 and rounded to `grad` (the gradients' dtype); dsink = -sum exp(sink -
-// lse) Delta in fp32.
-oracle::BwdResult naive_backward(const Mask& mask, const Problem& p, DType in, DType grad);
+using testing::abs_err;
+using testing::expect_close;
+using testing::naive_backward;
+using testing::naive_forward;
+using testing::Verdict;
 
-// ---------------------------------------------------------------------------------------------
-// Comparison
-
-// max|a - b| over finite entries; +inf when NaN/inf positions (or values) differ.
-double abs_err(const std::vector<double>& a, const std::vector<double>& b);
-
-struct Verdict {
-  double out, out_naive, lse, lse_naive, max_logits;
-};
-
-// docs/semantics.md §5: gpu vs oracle within twice naive vs oracle; empty rows exactly 0 / -inf.
-Verdict expect_close(const FwdResult& got, const FwdResult& want, const FwdResult& naive,
-                     std::int64_t d, bool check_max_logits, const std::string& what);
 void compare(const Mask& mask, const Problem& p, const Case& c, const FwdResult& got,
              const std::string& what);
 FwdResult run_gpu(const Mask& mask, const Problem& p, const Case& c);

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "attn_case.h"
+#include "naive.h"
 
 namespace magi::testing {
 
@@ -48,6 +49,20 @@ inline void check_forward(const Mask& mask, const oracle::Problem& p, const Conf
     if (want.lse[r] == -std::numeric_limits<double>::infinity())
       for (std::int64_t e = 0; e < p.head_dim; ++e) nonzero += got.out[r * p.head_dim + e] != 0.0;
   EXPECT_EQ(nonzero, 0) << "empty rows must give out exactly 0: " << what;
+  EXPECT_TRUE(call.gaps_intact()) << "wrote outside the view: " << what;
+}
+
+// One forward call judged by the 16-bit rule (naive.h): out within twice the error of the
+// same-precision naive reference, lse likewise, empty rows exactly 0 / -inf. For the AMX path,
+// whose P V takes P rounded to bf16 as the GPU kernels do.
+inline void check_forward_16bit(const Mask& mask, const oracle::Problem& p, const Config& cfg,
+                                const std::string& note = "") {
+  const std::string what = describe(cfg, p) + "; " + note + "\n" + mask.to_string();
+  FwdCall call(p, cfg);
+  ASSERT_NO_THROW(attn_forward(mask, call.args(), cfg.opts)) << what;
+  const auto want = oracle::forward(mask, p);
+  const auto naive = naive_forward(mask, p, cfg.in, cfg.out);
+  expect_close(call.result(), want, naive, p.head_dim, cfg.max_logits, what, "cpu");
   EXPECT_TRUE(call.gaps_intact()) << "wrote outside the view: " << what;
 }
 

@@ -257,8 +257,9 @@ TEST(CpuForward, RandomSweep) {
 }
 
 // bf16 q, k, v and out: the path that runs on AMX tiles where the CPU has them (P rounded to
-// bf16 there, inside the output's own 2^-8), the fp32 one elsewhere or under MAGI_CPU_ISA.
-// Lengths off the 16 / 32 / 64 grids, D padded to 32, GQA, documents, sinks, softcap.
+// bf16 there, so judged by the 16-bit rule, naive.h), the fp32 one elsewhere or under
+// MAGI_CPU_ISA. Lengths off the 16 / 32 / 64 grids, D padded to 32, GQA, documents, sinks,
+// softcap.
 TEST(CpuForward, Bf16InAndOut) {
   const std::string isa = build_info().cpu_kernels;
   std::mt19937_64 rng(21);
@@ -278,7 +279,11 @@ TEST(CpuForward, Bf16InAndOut) {
         const Problem p = testing::random_problem(rng, mask.total_seqlen_q(),
                                                   mask.total_seqlen_k(), 4, kind == 1 ? 1 : 2, d,
                                                   cfg, sink_len);
-        check_forward(mask, p, cfg, "kernels: " + isa + ", mask kind " + std::to_string(kind));
+        const std::string note = "kernels: " + isa + ", mask kind " + std::to_string(kind);
+        if (isa.rfind("amx", 0) == 0)
+          check_forward_16bit(mask, p, cfg, note);
+        else
+          check_forward(mask, p, cfg, note);
         ++cases;
       }
     }

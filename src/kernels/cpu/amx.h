@@ -1,11 +1,13 @@
 // The forward's two matrix products on AMX tiles, for bf16 inputs with a bf16 output: S = Q K^T
-// (bf16 x bf16 -> fp32, products exact, sums in fp32) and O += P V with P split into two bf16
-// parts, hi + lo (16 significant bits, not fp32's 24 but 2^-17 against out's own 2^-9): P
-// rounded once to bf16, as the GPU kernels do it, measured an error of 0.00393 against the
-// fp64 oracle on a 33 x 70 causal case (tests/unit/cpu_forward_test.cc, Bf16InAndOut), over
-// the CPU contract's 1e-5 + 2^-8 = 0.00392. The softmax between them stays fp32 (forward.cc). Compiled only into the
-// `amx` copy of forward.cc (src/CMakeLists.txt: -mamx-tile -mamx-bf16), which dispatch.cc runs
-// only after CPUID and the kernel's permission for the tile state said yes.
+// (bf16 x bf16 -> fp32, products exact, sums in fp32) and O += P V with P rounded once to bf16,
+// the arithmetic of the GPU kernels and of torch's CPU SDPA. Such a call is judged by the GPU
+// kernels' rule (docs/semantics.md §5: at most twice the error of a same-precision naive
+// implementation), not by the fp32 path's 1e-5 plus the output's rounding: P's rounding alone
+// can move out by 2^-9 of the largest |v| (tests/unit/cpu_amx_test.cc measures both). The
+// softmax between the products stays fp32, and the row sums l add the unrounded p, as the naive
+// reference does, so lse keeps fp32's accuracy (forward.cc). Compiled only into the `amx` copy
+// of forward.cc (src/CMakeLists.txt: -mamx-tile -mamx-bf16), which dispatch.cc runs only after
+// CPUID and the kernel's permission for the tile state said yes.
 //
 // Tiles: one configuration for the whole call, every tile 16 rows x 64 bytes (16 fp32 or 32
 // bf16). tmm0-3 accumulate a 32 x 32 block of C, tmm4-5 hold two 16-row slabs of A, tmm6-7 two
@@ -20,7 +22,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <utility>
 
 #include "io.h"
 #include "pack.h"
@@ -34,81 +35,54 @@ inline constexpr std::int64_t kAmxRows = 32;
 // Head dims are padded with zeros to a multiple of 32 (one A tile row of bf16).
 inline std::int64_t amx_ld(std::int64_t head_dim) { return round_up(head_dim, 32); }
 
-// bf16 bits of x, rounded to nearest even (x finite).
-inline std::uint16_t bf16_bits(float x) {
-  std::uint32_t u;
-  std::memcpy(&u, &x, 4);
-  return std::uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+// The bits of the bf16 row of x (a bf16 tensor, last dim contiguous) that starts at `at`: the AMX
+// path takes bf16 q, k and v as they are, with no trip through fp32.
+inline const std::uint16_t* bf16_row(const TensorView& x, std::initializer_list<std::int64_t> at) {
+  return reinterpret_cast<const std::uint16_t*>(element(x, at));
 }
-
-inline float from_bf16_bits(std::uint16_t b) {
-  const std::uint32_t u = std::uint32_t(b) << 16;
-  float x;
-  std::memcpy(&x, &u, 4);
-  return x;
-}
-
-// dst[0, n) = src rounded to bf16 (finite values).
-inline void to_bf16(const float* src, std::int64_t n, std::uint16_t* dst) {
-  for (std::int64_t i = 0; i < n; ++i) dst[i] = bf16_bits(src[i]);
+// No NaN or inf among row[0, n) (exponent bits all ones).
+inline bool bf16_all_finite(const std::uint16_t* row, std::int64_t n) {
+  std::uint16_t bad = 0;
+  for (std::int64_t i = 0; i < n; ++i) bad |= (row[i] & 0x7f80u) == 0x7f80u;
+  return bad == 0;
 }
 // The softmax's vector code below uses GCC vector operators where they exist and the
 // zero-masking forms of the intrinsics otherwise (all lanes on): GCC 12's unmasked forms start
 // from _mm512_undefined_*, which -Wmaybe-uninitialized reports once inlined.
-using AmxU32 = std::uint32_t __attribute__((vector_size(64)));
 inline constexpr __mmask16 kAllLanes = 0xffff;
 
-// 2^t for t <= 0 on AVX-512: t = n + f, |f| <= 1/2, 2^f = exp(f ln2) by Taylor series of
-// degree 6 (|f ln2| <= 0.347: 0.347^7 / 7! = 1.2e-7, about fp32's ulp, against P's 2^-17 as
-// hi + lo), times 2^n by vscalefps, which also flushes to exactly 0: t is clamped at -160, where
-// 1.5 * 2^-160 rounds to 0, so masked cells (-inf) and rows with nothing visible add exactly 0.
+// 2^t for t <= 0 on AVX-512: t = n + f, |f| <= 1/2, 2^f by a degree-5 polynomial (near-minimax
+// on [-1/2, 1/2]: 2.6e-7 relative in fp32 arithmetic, about fp32's rounding, so l and lse keep
+// fp32's accuracy), times 2^n by vscalefps, which also flushes to exactly 0: t is clamped at
+// -160, where 1.5 * 2^-160 rounds to 0, so masked cells (-inf) and rows with nothing visible add
+// exactly 0.
 inline __m512 amx_exp2(__m512 t) {
   t = _mm512_maskz_max_ps(kAllLanes, t, _mm512_set1_ps(-160.0f));
   const __m512 n =
       _mm512_maskz_roundscale_ps(kAllLanes, t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = t - n;  // exact
-  constexpr float kLn2 = 0.6931471805599453f;
-  constexpr float c2 = kLn2 * kLn2 / 2, c3 = c2 * kLn2 / 3, c4 = c3 * kLn2 / 4,
-                  c5 = c4 * kLn2 / 5, c6 = c5 * kLn2 / 6;
-  __m512 p = _mm512_set1_ps(c6);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c5));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c4));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c3));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(c2));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kLn2));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  __m512 p = _mm512_set1_ps(1.34004e-3f);
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.676040e-3f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550327e-2f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022107e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314721e-1f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.00000008f));
   return _mm512_maskz_scalef_ps(kAllLanes, p, n);
 }
 
-// The 16 bf16 of h's low (kHalf 0) or high half widened back to fp32.
-using AmxU16 = std::uint16_t __attribute__((vector_size(64)));
-using AmxU16Half = std::uint16_t __attribute__((vector_size(32)));
-template <int kHalf>
-inline __m512 bf16_half_to_f32(AmxU16 h) {
-  const AmxU16Half x = [&]<int... I>(std::integer_sequence<int, I...>) {
-    return __builtin_shufflevector(h, h, (kHalf * 16 + I)...);
-  }(std::make_integer_sequence<int, 16>());
-  return __m512(AmxU32(_mm512_maskz_cvtepu16_epi32(kAllLanes, __m256i(x))) << 16);
-}
-
-// One row of P for P V: p = 2^(s * c - b) for the row's kBlockK scores s, stored as bf16 hi + lo
-// (hi = p rounded to bf16, lo = p - hi rounded to bf16: 16 significant bits; vcvtne2ps2bf16
-// rounds to nearest even like bf16_bits, and takes denormals as 0, which moves p by < 2^-126);
-// returns the row's sum of p, per lane. The scale and log2(e) are folded into c and b (no
-// separate pass over the scores), and p never goes back to memory as fp32.
-inline __m512 amx_softmax_row(const float* s, float c, float b, std::uint16_t* hi,
-                              std::uint16_t* lo) {
+// One row of P for P V: p = 2^(s * c - b) for the row's kBlockK scores s, stored rounded to
+// bf16 (vcvtne2ps2bf16: nearest even, denormals taken as 0, which moves p by < 2^-126); returns
+// the row's sum of the unrounded p, per lane. The scale and log2(e) are folded into c and b (no
+// separate pass over the scores), and p never goes to memory as fp32.
+inline __m512 amx_softmax_row(const float* s, float c, float b, std::uint16_t* p) {
   const __m512 vc = _mm512_set1_ps(c), vb = _mm512_set1_ps(b);
   __m512 sum = _mm512_setzero_ps();
   for (std::int64_t j = 0; j < kBlockK; j += 32) {
     const __m512 p0 = amx_exp2(_mm512_fmsub_ps(_mm512_loadu_ps(s + j), vc, vb));
     const __m512 p1 = amx_exp2(_mm512_fmsub_ps(_mm512_loadu_ps(s + j + 16), vc, vb));
     sum += p0 + p1;
-    const AmxU16 h = AmxU16(_mm512_cvtne2ps_pbh(p1, p0));  // p0 in the low half
-    const AmxU16 l =
-        AmxU16(_mm512_cvtne2ps_pbh(p1 - bf16_half_to_f32<1>(h), p0 - bf16_half_to_f32<0>(h)));
-    std::memcpy(hi + j, &h, sizeof h);
-    std::memcpy(lo + j, &l, sizeof l);
+    const __m512bh h = _mm512_cvtne2ps_pbh(p1, p0);  // p0 in the low half
+    std::memcpy(p + j, &h, sizeof h);
   }
   return sum;
 }
@@ -140,20 +114,27 @@ class AmxPack {
       : heads_(x.shape[1]), num_tiles_((x.shape[0] + kBlockK - 1) / kBlockK),
         ld_(amx_ld(x.shape[2])), data_(std::size_t(heads_ * num_tiles_ * ld_ * kBlockK), true) {
     const std::int64_t n = x.shape[0], d = x.shape[2];
-#pragma omp parallel num_threads(num_threads)
-    {
-      Scratch<float> row{std::size_t(ld_)};
-#pragma omp for collapse(2) schedule(static)
-      for (std::int64_t t = 0; t < num_tiles_; ++t)
+    // Tile by tile, and within a tile row by row across heads: a row's heads are contiguous in
+    // x [n, heads, d], so the reads stream.
+#pragma omp parallel for schedule(static) num_threads(num_threads)
+    for (std::int64_t t = 0; t < num_tiles_; ++t) {
+      const std::int64_t rows = std::min(kBlockK, n - t * kBlockK);
+      for (std::int64_t j = 0; j < rows; j += 2)
         for (std::int64_t h = 0; h < heads_; ++h) {
           std::uint16_t* dst = data_.get() + (h * num_tiles_ + t) * ld_ * kBlockK;
-          for (std::int64_t j = 0; j < std::min(kBlockK, n - t * kBlockK); ++j) {
-            load_row<float>(x, {t * kBlockK + j, h}, d, 1.0f, row.get());
-            if (zero_if_non_finite(row.get(), d)) bad->mark(h, t * kBlockK + j, bits);
-            for (std::int64_t c = 0; c < d; ++c)
-              dst[kind == Kind::kKeysT ? ((c / 2) * kBlockK + j) * 2 + c % 2
-                                       : ((j / 2) * ld_ + c) * 2 + j % 2] = bf16_bits(row.get()[c]);
+          // Rows j and j + 1 of the tile; a missing or non-finite row reads as zeros.
+          const std::uint16_t* r[2] = {nullptr, nullptr};
+          for (int e = 0; e < 2 && j + e < rows; ++e) {
+            const std::uint16_t* row = bf16_row(x, {t * kBlockK + j + e, h});
+            if (bf16_all_finite(row, d))
+              r[e] = row;
+            else
+              bad->mark(h, t * kBlockK + j + e, bits);
           }
+          if (kind == Kind::kKeysT)
+            keys_t(r, d, j, dst);
+          else
+            values(r, d, j, dst);
         }
     }
   }
@@ -163,6 +144,33 @@ class AmxPack {
   std::int64_t tile_bytes() const { return ld_ * kBlockK * 2; }
 
  private:
+  // K^T: key j's dims (2c, 2c + 1) are one 32-bit word, word c of the tile's column j.
+  static void keys_t(const std::uint16_t* const r[2], std::int64_t d, std::int64_t j,
+                     std::uint16_t* dst) {
+    for (int e = 0; e < 2; ++e) {
+      if (r[e] == nullptr) continue;
+      for (std::int64_t c = 0; c + 1 < d; c += 2)
+        std::memcpy(dst + ((c / 2) * kBlockK + j + e) * 2, r[e] + c, 4);
+      if (d % 2 != 0) dst[((d / 2) * kBlockK + j + e) * 2] = r[e][d - 1];
+    }
+  }
+  // V: keys j and j + 1 interleaved, (v[j][c], v[j + 1][c]) for every dim c, 32 dims a step.
+  void values(const std::uint16_t* const r[2], std::int64_t d, std::int64_t j,
+              std::uint16_t* dst) const {
+    const __m512i lo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9,
+                                        40, 8, 39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1,
+                                        32, 0);
+    const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+    std::uint16_t* out = dst + (j / 2) * ld_ * 2;
+    for (std::int64_t c = 0; c < d; c += 32) {
+      const __mmask32 m = d - c >= 32 ? ~__mmask32(0) : (__mmask32(1) << (d - c)) - 1;
+      const __m512i a = r[0] ? _mm512_maskz_loadu_epi16(m, r[0] + c) : _mm512_setzero_si512();
+      const __m512i b = r[1] ? _mm512_maskz_loadu_epi16(m, r[1] + c) : _mm512_setzero_si512();
+      _mm512_storeu_si512(out + c * 2, _mm512_permutex2var_epi16(a, lo, b));
+      _mm512_storeu_si512(out + c * 2 + 32, _mm512_permutex2var_epi16(a, hi, b));
+    }
+  }
+
   std::int64_t heads_, num_tiles_, ld_;
   Scratch<std::uint16_t> data_;
 };
@@ -201,10 +209,9 @@ inline void amx_qk(std::int64_t rows, std::int64_t ld, const std::uint16_t* q,
     }
 }
 
-// o[rows x ld] += (p + p_lo)[rows x 64] * V of one tile (kValues layout); rows a multiple
-// of 32.
+// o[rows x ld] += p[rows x 64] * V of one tile (kValues layout); rows a multiple of 32.
 inline void amx_pv(std::int64_t rows, std::int64_t ld, const std::uint16_t* p,
-                   const std::uint16_t* p_lo, const std::uint16_t* v, float* o) {
+                   const std::uint16_t* v, float* o) {
   const std::int64_t os = ld * 4, vs = ld * 4;
   constexpr std::int64_t ps = kBlockK * 2;
   for (std::int64_t r = 0; r < rows; r += 32)
@@ -220,9 +227,6 @@ inline void amx_pv(std::int64_t rows, std::int64_t ld, const std::uint16_t* p,
         _tile_loadd(5, p + (r + 16) * kBlockK + k, ps);
         _tile_loadd(6, v + (k / 2 * ld + d) * 2, vs);
         _tile_loadd(7, v + (k / 2 * ld + d + 16) * 2, vs);
-        amx_dp_2x2();
-        _tile_loadd(4, p_lo + r * kBlockK + k, ps);
-        _tile_loadd(5, p_lo + (r + 16) * kBlockK + k, ps);
         amx_dp_2x2();
       }
       _tile_stored(0, o0, os);

@@ -43,11 +43,10 @@ struct FwdScratch {
   // padding stays zero. The row sums l are kept as one vector per row, reduced once per task
   // instead of once per key tile. On AMX, qb is Q in bf16 (unscaled: the scale is applied to
   // the fp32 scores, as rounding q * scale to bf16 would move the logits by 2^-9) and pb is P
-  // in bf16, the A of P V: hi parts, then from row kPbRows on the lo parts (amx.h).
+  // in bf16, the A of P V (amx.h).
   std::int64_t ld;
   Scratch<T> q, o, s, m, l, row;
   Scratch<std::uint16_t> qb, pb;
-  static constexpr std::int64_t kPbRows = kBlockQ + kSpareRows;
   std::vector<std::uint8_t> poison;  // per row: Poison bits (pack.h)
   FwdScratch(std::int64_t ld_, bool amx)
       : ld(ld_),
@@ -58,7 +57,7 @@ struct FwdScratch {
         l(std::size_t(kBlockQ * Simd<T>::kWidth)),
         row(std::size_t(ld)),
         qb(amx ? std::size_t((kBlockQ + kSpareRows) * ld) : 0),
-        pb(amx ? std::size_t(2 * kPbRows * kBlockK) : 0),
+        pb(amx ? std::size_t((kBlockQ + kSpareRows) * kBlockK) : 0),
         poison(std::size_t(kBlockQ)) {}
 };
 
@@ -119,8 +118,8 @@ class Forward {
       return S::exp(x);
   }
 
-  // bf16 q, k, v and out on AMX tiles (amx.h): the output's own rounding (2^-8) then dwarfs
-  // P's rounding to bf16, while an fp32 out keeps the fp32 path and its 1e-5 contract.
+  // bf16 q, k, v and out on AMX tiles (amx.h), judged like the GPU kernels; an fp32 out keeps
+  // the fp32 path and its 1e-5 contract.
   static bool use_amx([[maybe_unused]] const FwdArgs& a) {
 #ifdef MAGI_CPU_AMX
     return std::is_same_v<T, float> && a.q.dtype == DType::kBF16 &&
@@ -151,13 +150,23 @@ class Forward {
     std::fill_n(poison, num_rows, std::uint8_t(0));
     if (!tile.slices.empty())
       for (std::int64_t i = 0; i < num_rows; ++i) {
-        T* row = b.q.get() + i * ld;
-        load_row<T>(a_.q, {q0 + i, h}, d_, amx_ ? T(1) : T(r_.scale), row);
-        if (zero_if_non_finite(row, d_)) poison[i] = kPoisonQ;
 #ifdef MAGI_CPU_AMX
         if constexpr (std::is_same_v<T, float>)
-          if (amx_) to_bf16(row, ld, b.qb.get() + i * ld);
+          if (amx_) {  // bf16 q as it is, unscaled
+            std::uint16_t* qb = b.qb.get() + i * ld;
+            const std::uint16_t* src = bf16_row(a_.q, {q0 + i, h});
+            if (bf16_all_finite(src, d_)) {
+              std::copy_n(src, d_, qb);
+            } else {
+              std::fill_n(qb, d_, std::uint16_t(0));
+              poison[i] = kPoisonQ;
+            }
+            continue;
+          }
 #endif
+        T* row = b.q.get() + i * ld;
+        load_row<T>(a_.q, {q0 + i, h}, d_, T(r_.scale), row);
+        if (zero_if_non_finite(row, d_)) poison[i] = kPoisonQ;
       }
     T raw_max = kNegInf<T>;
     const std::int64_t g = h / group_;
@@ -263,11 +272,10 @@ class Forward {
 #ifdef MAGI_CPU_AMX
       if constexpr (std::is_same_v<T, float>)
         if (pb != nullptr) {
-          // p = exp(s * scale - m) = 2^(s * scale log2(e) - m log2(e)), as bf16 hi + lo.
+          // p = exp(s * scale - m) = 2^(s * scale log2(e) - m log2(e)), stored as bf16.
           constexpr float kLog2e = 1.4426950408889634f;
           const float c = (amx_fused_scale() ? float(r_.scale) : 1.0f) * kLog2e;
-          vsum = amx_softmax_row(row, c, shift_s * kLog2e, pb + i * kBlockK,
-                                 pb + (b.kPbRows + i) * kBlockK);
+          vsum = amx_softmax_row(row, c, shift_s * kLog2e, pb + i * kBlockK);
         }
 #endif
       const T alpha = m[i] == m_new ? T(1) : std::exp(m[i] - m_new);
@@ -288,10 +296,8 @@ class Forward {
       // Rows past nr of the last 32-row block add P = 0: the O rows there (other rows of the
       // task, or spare ones) stay as they are.
       const std::int64_t blocks = round_up(nr, kAmxRows);
-      std::uint16_t* lo = pb + b.kPbRows * kBlockK;
       std::fill(pb + nr * kBlockK, pb + blocks * kBlockK, std::uint16_t(0));
-      std::fill(lo + nr * kBlockK, lo + blocks * kBlockK, std::uint16_t(0));
-      amx_pv(blocks, ld, pb, lo, av_->tile(g, t), b.o.get() + r0 * ld);
+      amx_pv(blocks, ld, pb, av_->tile(g, t), b.o.get() + r0 * ld);
     }
 #endif
     return raw_max;
