@@ -21,6 +21,7 @@
 #include "attn_case.h"
 #include "magi/attention.h"
 #include "magi/mask.h"
+#include "naive.h"
 
 namespace magi::gputest {
 
