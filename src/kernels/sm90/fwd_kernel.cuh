@@ -257,11 +257,14 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
     Tensor mK = kp.tma_k.get_tma_tensor(make_shape(std::max(p.num_k, 1), kD, p.heads_kv));
     Tensor mV = kp.tma_v.get_tma_tensor(make_shape(std::max(p.num_k, 1), kD, p.heads_kv));
     // One TMA copy of the rows from row0 on of one head into dst (a Q tile or a K/V stage),
-    // completing on `full` with dst's byte count.
+    // completing on `full` with dst's byte count. K and V go through L2 with evict-last, Q
+    // (read once) with evict-first: every CTA streams the same kv head's K/V (items are kv-head
+    // major), 32 MB of it at 64k tokens and D 128.
     auto tma_load = [&](const auto& tma, const auto& m, int row0, int head, cute::uint64_t& full,
-                        auto dst) {
+                        auto dst, TMA::CacheHintSm90 hint) {
       TxBarrier::arrive_and_expect_tx(&full, unsigned(size(dst) * sizeof(T)));
-      copy(tma.with(full), detail::tma_rows_source(tma, m, row0, head, product_each(shape(dst))),
+      copy(tma.with(full, 0, hint),
+           detail::tma_rows_source(tma, m, row0, head, product_each(shape(dst))),
            tma.get_slice(0).partition_D(dst));
     };
     // The same rows, only into L2 (no shared memory, no barrier): K/V blocks a few steps
@@ -297,7 +300,7 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
       // q_full twice before a slower warp of its warpgroup waited once (same parity: a hang).
       if (lane == 0 && tile.piece_begin < tile.piece_end) {
         Barrier::wait(&s.q_empty, (q_loads & 1) ^ 1);
-        tma_load(kp.tma_q, mQ, tile.start, h, s.q_full, sQ);
+        tma_load(kp.tma_q, mQ, tile.start, h, s.q_full, sQ, TMA::CacheHintSm90::EVICT_FIRST);
       }
       q_loads += tile.piece_begin < tile.piece_end;
       // The walk holds its piece in registers; all lanes pull the next 32 pieces into L1
@@ -343,9 +346,11 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
         if (lane == 0) {
           Barrier::wait(&s.k_empty[r.stage], r.phase ^ 1);
           s.info[r.stage] = info;  // published by the K load's arrive (release)
-          tma_load(kp.tma_k, mK, info.kb, hk, s.k_full[r.stage], sK(_, _, r.stage));
+          tma_load(kp.tma_k, mK, info.kb, hk, s.k_full[r.stage], sK(_, _, r.stage),
+                   TMA::CacheHintSm90::EVICT_LAST);
           Barrier::wait(&s.v_empty[r.stage], r.phase ^ 1);
-          tma_load(kp.tma_v, mV, info.kb, hk, s.v_full[r.stage], sV(_, _, r.stage));
+          tma_load(kp.tma_v, mV, info.kb, hk, s.v_full[r.stage], sV(_, _, r.stage),
+                   TMA::CacheHintSm90::EVICT_LAST);
           if (edge) post_job(r.stage, r.phase, live, fix_bad ? info.kb : -1, hk);
         }
         if (new_piece && it.valid()) warm(it.piece), pc = p.pieces[it.piece];
