@@ -13,9 +13,11 @@ enum class OutType : std::int32_t { kBF16, kF16, kF32 };
 
 // CTA tile, shared by the host (work list tiles) and the kernel: 64 query rows per consumer
 // warpgroup, key blocks of 128 (64 above D 128). Two consumer warpgroups (128-row tiles), but
-// three at D 64 (192-row tiles, 96-key blocks, as FlashAttention-3 does): its GEMMs are half as
-// long per softmax as at D 128, so a third warpgroup's softmax keeps the tensor cores fed
-// (measured +1-4 % on full/causal, +9 % on varlen causal at 16k/32k). A 64-row tile on one
+// three at D 64 (192-row tiles): its GEMMs are half as long per softmax as at D 128, so a third
+// warpgroup's softmax keeps the tensor cores fed (measured +1-4 % on full/causal, +9 % on
+// varlen causal at 16k/32k). 128-key blocks there too: with 96 the per-block work (waits,
+// descriptors, row reductions) was spread over fewer keys, and 128 measured +2-6 % over 96
+// (docs/benchmarks.md), despite a few spilled registers in the loop. A 64-row tile on one
 // warpgroup with 2 CTAs per SM was measured slower at D 128 and equal at D 64
 // (docs/benchmarks.md).
 constexpr int fwd_consumer_warpgroups(int head_dim) { return head_dim == 64 ? 3 : 2; }
@@ -24,7 +26,7 @@ constexpr int fwd_block_m(int head_dim) { return 64 * fwd_consumer_warpgroups(he
 // the plain one carries none of that code's registers (it runs without spills).
 inline bool fwd_rewrite(float scale, float softcap) { return softcap > 0.f || scale < 0.f; }
 constexpr int fwd_block_n(int head_dim) {
-  return head_dim > 128 ? 64 : fwd_consumer_warpgroups(head_dim) == 3 ? 96 : 128;
+  return head_dim > 128 ? 64 : 128;
 }
 
 // Words of NaN/inf row flags a key block spans (32 keys per word, blocks of at most 128 keys).
