@@ -243,7 +243,8 @@ Verdict expect_close(const oracle::FwdResult& got, const oracle::FwdResult& want
   }
   EXPECT_EQ(nonzero, 0) << "rows that see nothing must give out exactly 0: " << what;
   EXPECT_EQ(bad_lse, 0) << "rows that see nothing must give lse exactly -inf: " << what;
-  std::cout << "  [" << tag << "] " << what << std::scientific << std::setprecision(2) << ": out " << v.out
+  std::cout << "  [" << tag << "] " << what << std::scientific << std::setprecision(2)
+            << ": out " << v.out
             << " (naive " << v.out_naive << "), lse " << v.lse << " (naive " << v.lse_naive << ")";
   if (check_max_logits) std::cout << ", max_logits " << v.max_logits;
   if (rows > 0) std::cout << std::defaultfloat << ", " << rows << " empty row-heads";

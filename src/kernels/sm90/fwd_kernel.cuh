@@ -72,7 +72,7 @@ struct FwdConfig {
   static constexpr int kBlockN = fwd_block_n(kD);
   static constexpr int kConsumerThreads = 128 * kWarpgroups;
   static constexpr int kThreads = 128 + kConsumerThreads;
-  // K/V ring depth: 3 where it fits in the 227 KB of shared memory (D 256 takes 2).
+  // K/V ring depth: 3 where it fits in the 227 KB of shared memory (D 192 and 256 take 2).
   static constexpr int kStages = kD * (kBlockM + 3 * 2 * kBlockN) * int(sizeof(T)) <= 224 * 1024 ? 3 : 2;
   // Key blocks the producer prefetches into L2 ahead of the ring (0: none).
   static constexpr int kPrefetch = MAGI_FWD_PREFETCH;

@@ -12,9 +12,9 @@ namespace magi::kernels::sm90 {
 enum class OutType : std::int32_t { kBF16, kF16, kF32 };
 
 // CTA tile, shared by the host (work list tiles) and the kernel: 64 query rows per consumer
-// warpgroup, key blocks of 128 (64 above D 128). Two consumer warpgroups (128-row tiles), but
-// three at D 64 (192-row tiles): its GEMMs are half as long per softmax as at D 128, so a third
-// warpgroup's softmax keeps the tensor cores fed (measured +1-4 % on full/causal, +9 % on
+// warpgroup, key blocks of 128 (fewer above D 128: fwd_block_n). Two consumer warpgroups
+// (128-row tiles), but three at D 64 (192-row tiles): its GEMMs are half as long per softmax
+// as at D 128, so a third warpgroup's softmax keeps the tensor cores fed (measured +1-4 % on full/causal, +9 % on
 // varlen causal at 16k/32k). 128-key blocks there too: with 96 the per-block work (waits,
 // descriptors, row reductions) was spread over fewer keys, and 128 measured +2-6 % over 96
 // (docs/benchmarks.md), despite a few spilled registers in the loop. A 64-row tile on one
@@ -25,8 +25,11 @@ constexpr int fwd_block_m(int head_dim) { return 64 * fwd_consumer_warpgroups(he
 // The softmax rewrites S per element (softcap, or a negative scale) in a separate kernel, so
 // the plain one carries none of that code's registers (it runs without spills).
 inline bool fwd_rewrite(float scale, float softcap) { return softcap > 0.f || scale < 0.f; }
+// Keys per block: 128 up to D 128; 96 at D 192 (two K/V stages instead of three with 64, and
+// +11-13 % over 64 on full and causal 16k/32k); 64 at D 256 (80, with two stages both ways,
+// measured 0.65-0.74x cuDNN against 64's 0.90-1.02x). docs/benchmarks.md has the A/Bs.
 constexpr int fwd_block_n(int head_dim) {
-  return head_dim > 128 ? 64 : 128;
+  return head_dim > 192 ? 64 : head_dim > 128 ? 96 : 128;
 }
 
 // Words of NaN/inf row flags a key block spans (32 keys per word, blocks of at most 128 keys).
