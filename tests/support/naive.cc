@@ -180,7 +180,8 @@ oracle::BwdResult naive_backward(const Mask& mask, const oracle::Problem& p, DTy
         if (lse == -std::numeric_limits<float>::infinity()) continue;
         for (std::int64_t t = 0; t < p.sink_len; ++t) {
           const std::size_t idx = std::size_t(ssh ? (i * p.sink_len + t) * hq + h : t * hq + h);
-          r.dsink[idx] -= double(std::exp(float(p.sink[idx]) - lse) * delta[std::size_t(i * hq + h)]);
+          const float w = std::exp(float(p.sink[idx]) - lse);
+          r.dsink[idx] -= double(w * delta[std::size_t(i * hq + h)]);
         }
       }
   }

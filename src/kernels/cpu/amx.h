@@ -3,7 +3,7 @@
 // the arithmetic of the GPU kernels and of torch's CPU SDPA. Such a call is judged by the GPU
 // kernels' rule (docs/semantics.md §5: at most twice the error of a same-precision naive
 // implementation), not by the fp32 path's 1e-5 plus the output's rounding: P's rounding alone
-// can move out by 2^-9 of the largest |v| (tests/unit/cpu_amx_test.cc measures both). The
+// can move out by 2^-9 of the largest |v| (cpu_forward_test.cc's Bf16InAndOut). The
 // softmax between the products stays fp32, and the row sums l add the unrounded p, as the naive
 // reference does, so lse keeps fp32's accuracy (forward.cc). Compiled only into the `amx` copy
 // of forward.cc (src/CMakeLists.txt: -mamx-tile -mamx-bf16), which dispatch.cc runs only after
@@ -37,7 +37,8 @@ inline std::int64_t amx_ld(std::int64_t head_dim) { return round_up(head_dim, 32
 
 // The bits of the bf16 row of x (a bf16 tensor, last dim contiguous) that starts at `at`: the AMX
 // path takes bf16 q, k and v as they are, with no trip through fp32.
-inline const std::uint16_t* bf16_row(const TensorView& x, std::initializer_list<std::int64_t> at) {
+inline const std::uint16_t* bf16_row(const TensorView& x,
+                                     std::initializer_list<std::int64_t> at) {
   return reinterpret_cast<const std::uint16_t*>(element(x, at));
 }
 // No NaN or inf among row[0, n) (exponent bits all ones).

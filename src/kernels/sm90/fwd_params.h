@@ -14,10 +14,10 @@ enum class OutType : std::int32_t { kBF16, kF16, kF32 };
 // CTA tile, shared by the host (work list tiles) and the kernel: 64 query rows per consumer
 // warpgroup, key blocks of 128 (fewer above D 128: fwd_block_n). Two consumer warpgroups
 // (128-row tiles), but three at D 64 (192-row tiles): its GEMMs are half as long per softmax
-// as at D 128, so a third warpgroup's softmax keeps the tensor cores fed (measured +1-4 % on full/causal, +9 % on
-// varlen causal at 16k/32k). 128-key blocks there too: with 96 the per-block work (waits,
-// descriptors, row reductions) was spread over fewer keys, and 128 measured +2-6 % over 96
-// (docs/benchmarks.md), despite a few spilled registers in the loop. A 64-row tile on one
+// as at D 128, so a third warpgroup's softmax keeps the tensor cores fed (measured +1-4 % on
+// full/causal, +9 % on varlen causal at 16k/32k). 128-key blocks there too: with 96 the
+// per-block work (waits, descriptors, row reductions) was spread over fewer keys, and 128
+// measured +2-6 % over 96, despite a few spilled registers in the loop. A 64-row tile on one
 // warpgroup with 2 CTAs per SM was measured slower at D 128 and equal at D 64
 // (docs/benchmarks.md).
 constexpr int fwd_consumer_warpgroups(int head_dim) { return head_dim == 64 ? 3 : 2; }
