@@ -145,15 +145,14 @@ class AmxPack {
   std::int64_t tile_bytes() const { return ld_ * kBlockK * 2; }
 
  private:
-  // K^T: key j's dims (2c, 2c + 1) are one 32-bit word, word c of the tile's column j.
+  // K^T: key j's dims (2c, 2c + 1) are one 32-bit word, word c of the tile's column j (head
+  // dims are multiples of 8: attention.cc checks).
   static void keys_t(const std::uint16_t* const r[2], std::int64_t d, std::int64_t j,
                      std::uint16_t* dst) {
-    for (int e = 0; e < 2; ++e) {
-      if (r[e] == nullptr) continue;
-      for (std::int64_t c = 0; c + 1 < d; c += 2)
-        std::memcpy(dst + ((c / 2) * kBlockK + j + e) * 2, r[e] + c, 4);
-      if (d % 2 != 0) dst[((d / 2) * kBlockK + j + e) * 2] = r[e][d - 1];
-    }
+    for (int e = 0; e < 2; ++e)
+      if (r[e] != nullptr)
+        for (std::int64_t c = 0; c < d; c += 2)
+          std::memcpy(dst + ((c / 2) * kBlockK + j + e) * 2, r[e] + c, 4);
   }
   // V: keys j and j + 1 interleaved, (v[j][c], v[j + 1][c]) for every dim c, 32 dims a step.
   void values(const std::uint16_t* const r[2], std::int64_t d, std::int64_t j,
