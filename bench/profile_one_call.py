@@ -4,8 +4,11 @@
         python3 bench/profile_one_call.py --impl magiattn --backward
     ncu -k regex:bprop --launch-skip 1 --launch-count 1 \
         python3 bench/profile_one_call.py --impl cudnn --backward
-    ncu -k regex:FlashAttnFwd --launch-skip 1 --launch-count 1 \
+    ncu -k regex:device_kernel --launch-count 8 \
         python3 bench/profile_one_call.py --impl ffa          # MagiAttention's FFA (../shared/peer)
+
+FFA's forward is CUTLASS's `device_kernel`, like a short preprocessing kernel of its own: of
+the launches profiled, the long one is the attention.
 
 bf16, Hq:Hkv 32:8 (GQA), a full or causal mask, --calls forward (and backward) calls on the same
 inputs; magiattn and FFA get CUDA range tensors, cuDNN SDPA the same q/k/v as [1, H, N, D]
