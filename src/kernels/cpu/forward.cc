@@ -50,7 +50,7 @@ struct FwdScratch {
   std::vector<std::uint8_t> poison;  // per row: Poison bits (pack.h)
   FwdScratch(std::int64_t ld_, bool amx)
       : ld(ld_),
-        q(std::size_t((kBlockQ + kSpareRows) * ld)),
+        q(amx ? 0 : std::size_t(kBlockQ * ld)),  // the AMX path keeps Q in qb only
         o(std::size_t((kBlockQ + kSpareRows) * ld)),
         s(std::size_t((kBlockQ + kSpareRows) * kBlockK)),
         m(kBlockQ),
