@@ -1,8 +1,9 @@
-// The CPU kernels' vector exp (src/kernels/cpu/simd.h): exp_nonpos, the softmax's exp on
-// arguments <= 0, must equal exp() bit for bit there (the forward uses it in its AVX-512
-// compilations only, for speed; docs/benchmarks.md), so choosing it can never change a result.
+// The CPU kernels' vector exp (src/kernels/cpu/simd.h). exp_nonpos, the fp64 softmax's exp on
+// arguments <= 0, must equal exp() bit for bit there, so choosing it can never change a result.
+// exp_fast_nonpos, the fp32 softmax's, is held to its stated accuracy against fp64 exp.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -44,6 +45,36 @@ std::vector<T> arguments(T lo) {
   std::uniform_real_distribution<T> wide(lo, T(0)), near(T(-2), T(0));
   for (int i = 0; i < 200000; ++i) xs.push_back(i % 2 ? wide(rng) : near(rng));
   return xs;
+}
+
+// Relative error <= 3e-7 + 8e-8 |x| where exp(x) is a normal float: the polynomial's 2.6e-7 and
+// the rounding of t = x log2e (half an ulp of t moves 2^t by about 6e-8 |x|). Exactly 0 below
+// exp(-88.03) = 2^-127, 1 at 0, NaN for NaN. The bound is tight: a degree-4 polynomial or a
+// wrong coefficient fails it.
+TEST(CpuSimd, ExpFastNonposAccuracy) {
+  using S = Simd<float>;
+  alignas(64) float in[S::kWidth], out[S::kWidth];
+  auto run = [&](float x) {
+    for (int l = 0; l < S::kWidth; ++l) in[l] = x;
+    S::store(out, S::exp_fast_nonpos(S::load(in)));
+    return out[0];
+  };
+  std::mt19937_64 rng(20261204);
+  std::uniform_real_distribution<float> wide(-87.3f, 0.f), near(-2.f, 0.f);
+  double worst = 0;
+  for (int i = 0; i < 400000; ++i) {
+    const float x = i % 2 ? wide(rng) : near(rng);
+    const double want = std::exp(double(x));
+    const double rel = std::fabs(run(x) - want) / want;
+    worst = std::max(worst, rel);
+    ASSERT_LE(rel, 3e-7 + 8e-8 * std::fabs(x)) << "x = " << x;
+  }
+  EXPECT_GT(worst, 1e-7);  // the test sees the polynomial's error, not only exact cases
+  const float inf = std::numeric_limits<float>::infinity();
+  for (float x : {-inf, -88.1f, -100.f, -1e30f}) EXPECT_EQ(run(x), 0.f) << "x = " << x;
+  EXPECT_NEAR(run(0.f), 1.f, 2e-7);
+  EXPECT_NEAR(run(-0.f), 1.f, 2e-7);
+  EXPECT_TRUE(std::isnan(run(std::numeric_limits<float>::quiet_NaN())));
 }
 
 TEST(CpuSimd, ExpNonposIsExpBitForBitFloat) { expect_same_bits<float>(arguments<float>(-120.f)); }

@@ -52,22 +52,17 @@ inline bool bf16_all_finite(const std::uint16_t* row, std::int64_t n) {
 // from _mm512_undefined_*, which -Wmaybe-uninitialized reports once inlined.
 inline constexpr __mmask16 kAllLanes = 0xffff;
 
-// 2^t for t <= 0 on AVX-512: t = n + f, |f| <= 1/2, 2^f by a degree-5 polynomial (near-minimax
-// on [-1/2, 1/2]: 2.6e-7 relative in fp32 arithmetic, about fp32's rounding, so l and lse keep
-// fp32's accuracy), times 2^n by vscalefps, which also flushes to exactly 0: t is clamped at
-// -160, where 1.5 * 2^-160 rounds to 0, so masked cells (-inf) and rows with nothing visible add
-// exactly 0.
+// 2^t for t <= 0 on AVX-512: t = n + f, |f| <= 1/2, 2^f by kExp2Poly (simd.h; about fp32's
+// rounding, so l and lse keep fp32's accuracy), times 2^n by vscalefps, which also flushes to
+// exactly 0: t is clamped at -160, where 1.5 * 2^-160 rounds to 0, so masked cells (-inf) and
+// rows with nothing visible add exactly 0.
 inline __m512 amx_exp2(__m512 t) {
   t = _mm512_maskz_max_ps(kAllLanes, t, _mm512_set1_ps(-160.0f));
   const __m512 n =
       _mm512_maskz_roundscale_ps(kAllLanes, t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   const __m512 f = t - n;  // exact
-  __m512 p = _mm512_set1_ps(1.34004e-3f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.676040e-3f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550327e-2f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022107e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314721e-1f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.00000008f));
+  __m512 p = _mm512_set1_ps(kExp2Poly[0]);
+  for (int k = 1; k < 6; ++k) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(kExp2Poly[k]));
   return _mm512_maskz_scalef_ps(kAllLanes, p, n);
 }
 

@@ -108,14 +108,14 @@ class Forward {
   using V = typename S::V;
   static constexpr int kW = S::kWidth;
 
-  // exp of a softmax argument (<= 0 or NaN). exp_nonpos is exp() bit for bit there with less
-  // range work: +4 % on the AVX-512 forward (full and causal, 8 of 8 interleaved pairs), -2 %
-  // on AVX2 full (docs/benchmarks.md), so the AVX-512 compilations only.
+  // exp of a softmax argument (<= 0 or NaN): in fp32 by exp_fast_nonpos (2.6e-7 relative,
+  // half the vector work of exp(); docs/benchmarks.md), in fp64 by exp_nonpos, which is exp()
+  // bit for bit there.
   static V softmax_exp(V x) {
-    if constexpr (kVecBytes == 64)
-      return S::exp_nonpos(x);
+    if constexpr (sizeof(T) == 4)
+      return S::exp_fast_nonpos(x);
     else
-      return S::exp(x);
+      return S::exp_nonpos(x);
   }
 
   // bf16 q, k, v and out on AMX tiles (amx.h), judged like the GPU kernels; an fp32 out keeps

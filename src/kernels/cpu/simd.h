@@ -7,7 +7,7 @@
 
 #include "isa.h"
 
-#if defined(__AVX512F__) || defined(__FMA__)
+#if defined(__AVX__)
 #include <immintrin.h>
 #endif
 
@@ -26,6 +26,12 @@ inline constexpr int kVecBytes = 64;
 #else
 inline constexpr int kVecBytes = 32;
 #endif
+
+// 2^f on [-1/2, 1/2] by a degree-5 polynomial, highest coefficient first (near-minimax: 2.6e-7
+// relative in fp32 arithmetic, about fp32's rounding). Simd::exp_fast_nonpos and the AMX
+// softmax (amx.h).
+inline constexpr float kExp2Poly[6] = {1.34004e-3f, 9.676040e-3f, 5.550327e-2f,
+                                       2.4022107e-1f, 6.9314721e-1f, 1.00000008f};
 
 template <typename T>
 struct Simd {
@@ -71,6 +77,17 @@ struct Simd {
 #endif
   }
   static V max(V a, V b) { return a > b ? a : b; }
+  // max(a, lo), a NaN kept: one vmaxps (lo, a), which returns its second operand on NaN (GCC
+  // makes a compare and a blend of the same expression in vector form). The zero-masking form
+  // on AVX-512 with all lanes on: GCC 12's unmasked one reports -Wmaybe-uninitialized.
+  static V floor_at(V a, T lo) {
+#if defined(__AVX512F__)
+    if constexpr (sizeof(T) == 4) return _mm512_maskz_max_ps(__mmask16(0xffff), splat(lo), a);
+#elif defined(__AVX__)
+    if constexpr (sizeof(T) == 4) return _mm256_max_ps(splat(lo), a);
+#endif
+    return a < lo ? splat(lo) : a;
+  }
 
   // Tree reductions (log2(width) shuffles): a serial lane-by-lane reduction is 15 dependent
   // operations per row and key tile, about 4% of forward time in perf.
@@ -110,6 +127,25 @@ struct Simd {
     const V n = t - kShift;  // x log2e rounded to nearest, as in exp()
     const V two_n = std::bit_cast<V>(std::bit_cast<VI>(t) << ExpConst::kMantissa);
     return underflow ? splat(0) : exp_reduced(x, n) * two_n;
+  }
+
+  // exp(x) for x <= 0 or NaN, fp32 only, to 2.6e-7 relative instead of exp()'s correctly
+  // rounded-or-nearly result: the fp32 forward's softmax, where it halves the vector work per
+  // score cell (12 operations against 22; docs/benchmarks.md). 2^t for t = x log2e: t = n + f,
+  // |f| <= 1/2, 2^f by kExp2Poly, 2^n from the bits of the rounding sum as in exp_nonpos. t is
+  // clamped at -127, whose 2^n has all exponent bits clear (0): below 2^-126 the result is
+  // exactly 0 (masked cells, -inf, vanish), a NaN stays NaN.
+  static V exp_fast_nonpos(V x)
+    requires(sizeof(T) == 4)
+  {
+    constexpr T kShift = ExpConst::kRound + T(ExpConst::kBias);
+    V t = x * ExpConst::kLog2e;
+    t = floor_at(t, T(-127));
+    const V rounded = t + kShift;  // n + bias in the low mantissa bits
+    const V f = t - (rounded - kShift);
+    V p = fma(splat(kExp2Poly[0]), f, splat(kExp2Poly[1]));
+    for (int k = 2; k < 6; ++k) p = fma(p, f, splat(kExp2Poly[k]));
+    return p * std::bit_cast<V>(std::bit_cast<VI>(rounded) << ExpConst::kMantissa);
   }
 
  private:
