@@ -368,6 +368,8 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
   typename C::MmaPV mma_pv;
   auto thr_qk = mma_qk.get_thread_slice(ctid);
   auto thr_pv = mma_pv.get_thread_slice(ctid);
+  // The slice of Q K^T's A operand (Q in shared memory) is the warpgroup's: see issue_qk.
+  auto thr_qk_a = mma_qk.get_thread_slice(__shfl_sync(0xffffffff, wg, 0) * 128);
   // P as the A operand: per k-step of 16 keys, (column pair, row + 8, column + 8), which is
   // the S accumulator's own order, so element i of tOrP is element i of tSrS. Two of them, by
   // block parity, where C::kTwoP: block j's P is written while block j-1's P V reads the other.
@@ -517,14 +519,24 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
       CUTE_UNROLL
       for (int e = 0; e < size(tSrS); ++e) P(e) = T(tSrS(e));
     };
-    // The wgmma descriptors are rebuilt from an opaque smem base per block: held across the
-    // loop, Q's 8 descriptors did not fit beside S, P and O and spilled.
+    // Q's wgmma descriptors live in uniform registers: thr_qk_a partitions by the warpgroup
+    // index from a shuffle, which ptxas knows is warp-uniform (from ctid it built them in
+    // general registers and moved each to a uniform one per block, 16 R2UR a block at D 128).
+    // Up to D 128 they are built once (hoisted out of the loop); above, their 16 k-steps' worth
+    // spilled, so they are rebuilt each block from a base the compiler cannot hoist: stage & 0,
+    // with the 0 read from the parameters (num_q >= 0, so num_q >> 31 is 0).
     auto issue_qk = [&](int stage) CUTLASS_LAMBDA_FUNC_INLINE {
-      T* q_base = s.q;
-      asm volatile("" : "+l"(q_base));
-      Tensor tSrQ = thr_qk.partition_fragment_A(make_tensor(make_smem_ptr(q_base), typename C::LayoutQ{}));
-      detail::wg_gemm_issue(mma_qk, tSrQ, thr_qk.partition_fragment_B(sK(_, _, stage)), tSrS,
-                            true);
+      if constexpr (kD <= 128) {
+        Tensor tSrQ = thr_qk_a.partition_fragment_A(sQ);
+        detail::wg_gemm_issue(mma_qk, tSrQ, thr_qk.partition_fragment_B(sK(_, _, stage)), tSrS,
+                              true);
+      } else {
+        T* q_base = s.q + (stage & (p.num_q >> 31));
+        Tensor tSrQ = thr_qk_a.partition_fragment_A(
+            make_tensor(make_smem_ptr(q_base), typename C::LayoutQ{}));
+        detail::wg_gemm_issue(mma_qk, tSrQ, thr_qk.partition_fragment_B(sK(_, _, stage)), tSrS,
+                              true);
+      }
     };
     auto issue_pv = [&](int stage, PTensor& P) CUTLASS_LAMBDA_FUNC_INLINE {
       detail::wg_gemm_issue<true>(mma_pv, P, thr_pv.partition_fragment_B(sVt(_, _, stage)),
