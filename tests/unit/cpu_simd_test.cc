@@ -49,8 +49,8 @@ std::vector<T> arguments(T lo) {
 
 // Relative error <= 3e-7 + 8e-8 |x| where exp(x) is a normal float: the polynomial's 2.6e-7 and
 // the rounding of t = x log2e (half an ulp of t moves 2^t by about 6e-8 |x|). Exactly 0 below
-// exp(-88.03) = 2^-127, 1 at 0, NaN for NaN. The bound is tight: a degree-4 polynomial or a
-// wrong coefficient fails it.
+// x = -87.68 (2^-126.5), 1 at 0, NaN for NaN. The bound is tight: a degree-4 polynomial
+// (kExp2Poly[0] = 0) fails it, and so does 1.0000008 for the constant term.
 TEST(CpuSimd, ExpFastNonposAccuracy) {
   using S = Simd<float>;
   alignas(64) float in[S::kWidth], out[S::kWidth];

@@ -133,8 +133,9 @@ struct Simd {
   // rounded-or-nearly result: the fp32 forward's softmax, where it halves the vector work per
   // score cell (12 operations against 22; docs/benchmarks.md). 2^t for t = x log2e: t = n + f,
   // |f| <= 1/2, 2^f by kExp2Poly, 2^n from the bits of the rounding sum as in exp_nonpos. t is
-  // clamped at -127, whose 2^n has all exponent bits clear (0): below 2^-126 the result is
-  // exactly 0 (masked cells, -inf, vanish), a NaN stays NaN.
+  // clamped at -127, whose 2^n has all exponent bits clear (0): for t < -126.5 (x < -87.68) the
+  // result is exactly 0 (masked cells, -inf, vanish), for t in [-126.5, -126) a subnormal; a NaN
+  // stays NaN.
   static V exp_fast_nonpos(V x)
     requires(sizeof(T) == 4)
   {
