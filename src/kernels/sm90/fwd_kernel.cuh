@@ -526,17 +526,11 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
     // spilled, so they are rebuilt each block from a base the compiler cannot hoist: stage & 0,
     // with the 0 read from the parameters (num_q >= 0, so num_q >> 31 is 0).
     auto issue_qk = [&](int stage) CUTLASS_LAMBDA_FUNC_INLINE {
-      if constexpr (kD <= 128) {
-        Tensor tSrQ = thr_qk_a.partition_fragment_A(sQ);
-        detail::wg_gemm_issue(mma_qk, tSrQ, thr_qk.partition_fragment_B(sK(_, _, stage)), tSrS,
-                              true);
-      } else {
-        T* q_base = s.q + (stage & (p.num_q >> 31));
-        Tensor tSrQ = thr_qk_a.partition_fragment_A(
-            make_tensor(make_smem_ptr(q_base), typename C::LayoutQ{}));
-        detail::wg_gemm_issue(mma_qk, tSrQ, thr_qk.partition_fragment_B(sK(_, _, stage)), tSrS,
-                              true);
-      }
+      T* const q_base = kD <= 128 ? s.q : s.q + (stage & (p.num_q >> 31));
+      Tensor tSrQ = thr_qk_a.partition_fragment_A(
+          make_tensor(make_smem_ptr(q_base), typename C::LayoutQ{}));
+      detail::wg_gemm_issue(mma_qk, tSrQ, thr_qk.partition_fragment_B(sK(_, _, stage)), tSrS,
+                            true);
     };
     auto issue_pv = [&](int stage, PTensor& P) CUTLASS_LAMBDA_FUNC_INLINE {
       detail::wg_gemm_issue<true>(mma_pv, P, thr_pv.partition_fragment_B(sVt(_, _, stage)),
