@@ -156,7 +156,7 @@ def main(argv=None) -> int:
           f"D {d}; TFLOP/s, median of {args.reps} x {args.inner} calls; "
           f"FFA {'in' if ffa else 'not available'}")
     header = f"{'mask':<22}{'tokens':>7}{'area%':>7}{'magiattn':>10}{'ffa':>8}{'cudnn':>8}" \
-             f"{'flash':>8}{'flex':>8}{'/ffa':>8}{'/cudnn':>7}{'/flex':>7}"
+             f"{'flash':>8}{'flex':>8}{'/ffa':>8}{'/cudnn':>7}{'/flex':>7}  max|diff| vs"
     print(header)
     for seqlen in args.seqlens:
         gen = torch.Generator(device="cuda").manual_seed(seqlen)
@@ -170,10 +170,13 @@ def main(argv=None) -> int:
             qr, kr, types = range_tensors(mask)
             fns = {"magiattn": lambda: magiattn.flex_flash_attn_func(
                 q, k, v, q_ranges=qr, k_ranges=kr, attn_type_map=types)}
+            # Every output of the first calls, [tokens, heads, D]: magiattn's is checked against
+            # cuDNN's (dense masks) or FFA's, so a fast wrong kernel shows in its row.
+            outs = {"magiattn": fns["magiattn"]()[0]}
             if ffa is not None:
                 ranges = range_tensors(mask, "cuda")
                 try:
-                    ffa(q, k, v, *ranges)
+                    outs["ffa"] = ffa(q, k, v, *ranges)[0]
                     fns["ffa"] = lambda: ffa(q, k, v, *ranges)
                 except Exception as e:  # noqa: BLE001 - report and go on
                     print(f"  ffa: {type(e).__name__}: {str(e).splitlines()[0][:100]}",
@@ -187,7 +190,7 @@ def main(argv=None) -> int:
                             return F.scaled_dot_product_attention(
                                 qt, kt, vt, is_causal=causal, enable_gqa=hq != hkv)
                     try:
-                        sdpa()
+                        outs[label] = sdpa()[0].transpose(0, 1)
                         fns[label] = sdpa
                     except RuntimeError as e:  # a backend that refuses the shape
                         print(f"  {label}: {str(e).splitlines()[0][:100]}", file=sys.stderr)
@@ -204,9 +207,12 @@ def main(argv=None) -> int:
             row = {key: tf(ms) for key, ms in time_ms(fns, args.reps, args.inner).items()}
             cell = lambda key: f"{row[key]:8.1f}" if key in row else f"{'-':>8}"
             ratio = lambda key: f"{row['magiattn'] / row[key]:7.2f}" if key in row else f"{'-':>7}"
+            ref = next((key for key in ("cudnn", "ffa") if key in outs), None)
+            check = "-" if ref is None else \
+                f"{(outs['magiattn'].float() - outs[ref].float()).abs().max().item():.1e} {ref}"
             print(f"{name:<22}{seqlen:>7}{100 * mask.area() / seqlen**2:>7.1f}{row['magiattn']:>10.1f}"
                   f"{cell('ffa')}{cell('cudnn')}{cell('flash')}{cell('flex')} {ratio('ffa')}"
-                  f"{ratio('cudnn')}{ratio('flex')}",
+                  f"{ratio('cudnn')}{ratio('flex')}  {check}",
                   flush=True)
     return 0
 

@@ -1,0 +1,109 @@
+#!/usr/bin/env python3
+"""Instructions per key block on a kernel's common path, from its SASS (no GPU needed).
+
+    cuobjdump -sass fwd.cubin > fwd.sass
+    python3 scripts/sass_loop.py fwd.sass --function 0 [--taken 9990,d4f0]
+
+Finds the innermost loop (a backward conditional branch) that encloses at least 12 HGMMA (one
+or two key blocks of the attention loop: 16 or 12 HGMMA a block), then walks one round of it:
+
+- a wait that succeeds: after a TRYWAIT/PHASECHK that sets predicate P, `@P BRA` is taken and
+  `@!P BRA` (the retry) is not;
+- masking and NaN/inf poisoning are skipped: a forward branch over code holding an
+  `FSEL ... -INF` (masking) or an `FLO` (the flag walk) is taken;
+- any other conditional branch is not taken, unless its address is given with --taken (print
+  the branches, read the code, say which way the common case goes).
+
+Prints each branch and its direction, then the count per key block and a histogram of opcodes.
+The walk is a model of one path, not a measurement: ncu's source view counts what ran.
+"""
+import argparse
+import collections
+import re
+import sys
+
+INSN = re.compile(r'\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;')
+BRA = re.compile(r'BRA (0x[0-9a-f]+)')
+
+
+def functions(path):
+    return open(path).read().split('Function :')[1:]
+
+
+def parse(text):
+    ins = {}
+    for line in text.splitlines():
+        m = INSN.match(line)
+        if m:
+            ins[int(m.group(1), 16)] = m.group(2)
+    return ins
+
+
+def opcode(insn):
+    words = insn.split()
+    op = words[1] if words[0].startswith('@') else words[0]
+    return op.split('.')[0]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument('sass')
+    ap.add_argument('--function', type=int, default=0, help='index of the Function in the dump')
+    ap.add_argument('--taken', default='', help='hex addresses of branches to take, comma separated')
+    args = ap.parse_args()
+    ins = parse(functions(args.sass)[args.function])
+    addrs = sorted(ins)
+    after = dict(zip(addrs, addrs[1:]))
+    taken = {int(x, 16) for x in args.taken.split(',') if x}
+
+    loop = None  # (start, branch address, HGMMA inside)
+    for a in addrs:
+        m = BRA.search(ins[a])
+        if not (m and ins[a].startswith('@')):
+            continue
+        t = int(m.group(1), 16)
+        n = sum('HGMMA' in ins[x] for x in addrs if t <= x <= a)
+        if t < a and n >= 12 and (loop is None or a - t < loop[1] - loop[0]):
+            loop = (t, a, n)
+    if loop is None:
+        sys.exit('no loop with 12 or more HGMMA')
+    start, back, hgmma = loop
+    taken.add(back)
+
+    path, wait_pred, a = [], None, start
+    while len(path) < 5000:
+        insn = ins[a]
+        path.append(insn)
+        m = BRA.search(insn)
+        nxt = after[a]
+        if 'TRYWAIT' in insn or 'PHASECHK' in insn:
+            wait_pred = insn.split()[-3].rstrip(',')  # the predicate it sets
+        elif not m and 'NANOSLEEP' not in insn:
+            wait_pred = None
+        if m:
+            t = int(m.group(1), 16)
+            go = not insn.startswith('@') or a in taken
+            guard = insn.split()[0]
+            if insn.startswith('@') and a not in taken:
+                if wait_pred and guard == '@' + wait_pred:
+                    go = True  # the wait succeeded
+                elif a < t < a + 0x3000 and any(
+                        'FLO' in ins[x] or ('FSEL' in ins[x] and '-INF' in ins[x])
+                        for x in addrs if a < x < t):
+                    go = True  # masking / poisoning skipped
+            print(f'  {a:x}: {insn}  -> {"taken" if go else "not taken"}')
+            if go:
+                nxt = t
+            wait_pred = None
+        a = nxt
+        if a == start:
+            break
+    blocks = max(1, hgmma // (16 if hgmma % 16 == 0 else 12))
+    hist = collections.Counter(opcode(i) for i in path)
+    print(f'loop {start:x}..{back:x}, {blocks} key block(s) a round: {len(path) / blocks:.1f} '
+          f'instructions a block')
+    print(' '.join(f'{k}:{v}' for k, v in hist.most_common()))
+
+
+if __name__ == '__main__':
+    main()
