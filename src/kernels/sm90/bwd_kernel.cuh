@@ -489,7 +489,8 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
   // ------------------------------------------------------------------ consumers
   cutlass::arch::warpgroup_reg_alloc<C::kConsumerRegs>();
   const int ctid = tid - 128;  // 0 .. 255 over the consumers
-  const int wg = ctid / 128;   // which 64 keys of the tile; which half of D of dQ
+  // From a shuffle, so ptxas knows it is warp-uniform (uniform registers for what derives from it).
+  const int wg = __shfl_sync(0xffffffff, ctid / 128, 0);  // which 64 keys; which half of D of dQ
   const int wtid = ctid % 128;
   const bool leader = wtid == 0;
   typename C::MmaSdP mma_sdp;

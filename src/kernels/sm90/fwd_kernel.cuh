@@ -362,14 +362,16 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
   // ------------------------------------------------------------------ consumers
   cutlass::arch::warpgroup_reg_alloc<C::kConsumerRegs>();
   const int ctid = tid - 128;            // 0 .. kConsumerThreads - 1 over the consumers
-  const int wg = ctid / 128;             // which 64 rows of the tile
+  // From a shuffle, so ptxas knows it is warp-uniform and keeps what derives from it (Q's wgmma
+  // descriptors, the barrier ids, the BlockInfo flag bit) in uniform registers.
+  const int wg = __shfl_sync(0xffffffff, ctid / 128, 0);  // which 64 rows of the tile
   const bool leader = ctid % 128 == 0;   // arrives on the empty barriers for its warpgroup
   typename C::MmaQK mma_qk;
   typename C::MmaPV mma_pv;
   auto thr_qk = mma_qk.get_thread_slice(ctid);
   auto thr_pv = mma_pv.get_thread_slice(ctid);
   // The slice of Q K^T's A operand (Q in shared memory) is the warpgroup's: see issue_qk.
-  auto thr_qk_a = mma_qk.get_thread_slice(__shfl_sync(0xffffffff, wg, 0) * 128);
+  auto thr_qk_a = mma_qk.get_thread_slice(wg * 128);
   // P as the A operand: per k-step of 16 keys, (column pair, row + 8, column + 8), which is
   // the S accumulator's own order, so element i of tOrP is element i of tSrS. Two of them, by
   // block parity, where C::kTwoP: block j's P is written while block j-1's P V reads the other.
@@ -393,6 +395,11 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
   // log2 units, rewritten per element (softcap, or a negative scale); su maps to log2 units.
   constexpr bool rewrite = kRewrite;  // == fwd_rewrite(p.scale, p.softcap), chosen on the host
   const float su = rewrite ? 1.f : p.scale * kLog2e;
+  // The running max before any key: finite, so that no per-block test for -inf is needed (the
+  // rescale factor of the first block is 2^(huge negative) = 0, a row that sees only masked
+  // cells keeps it and l = 0), with m_none * su finite. A visible logit at or below it (only
+  // |scale q.k log2 e| >= 3.4e38) reads as no key (docs/numerics.md).
+  const float m_none = -FLT_MAX / fmaxf(su, 1.f);
 
   // Scheduler barriers, a token passed round the warpgroups: w waits on 1 + w (with the one
   // before it, 2 x 128 threads) before issuing its products, then lets the next one go;
@@ -418,7 +425,8 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
 
     float m[kRows], l[kRows], mraw[kRows];
     CUTE_UNROLL
-    for (int i = 0; i < kRows; ++i) m[i] = -INFINITY, l[i] = 0.f, mraw[i] = -INFINITY;
+    for (int i = 0; i < kRows; ++i) m[i] = m_none, l[i] = 0.f, mraw[i] = -INFINITY;
+    bool saw_full = false;  // a block this warpgroup's rows see whole (for the -inf rows test)
     clear(tOrO);
 
     // Mask the block (only when a piece's corners do not cover this warpgroup's 64 rows), cap,
@@ -434,6 +442,7 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
       // infinite or NaN, so a +inf or NaN poisons the row by itself). Masked blocks add no
       // per-cell test: docs/numerics.md says what that leaves.
       const bool full = bi.flags & (detail::BlockInfo::kFullRows << wg);
+      if constexpr (!rewrite) saw_full |= full;
       if (!full) {
         // Per row the keys it sees, as column offsets (detail::offsets_from): two compares
         // per cell.
@@ -480,24 +489,22 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
         mx[i] = fmaxf(a, b);
       }
       CUTE_UNROLL
-      for (int i = 0; i < kRows; ++i) {
-        mx[i] = detail::quad_max(mx[i]);
-        // Seeded, mx is -inf only when every logit of the row so far is -inf or NaN; in a
-        // covered block that takes an inf in q (a flagged key poisons its rows itself).
-        if (!rewrite && full && mx[i] == -INFINITY) l[i] = __int_as_float(0x7fffffff);
-      }
+      for (int i = 0; i < kRows; ++i) mx[i] = detail::quad_max(mx[i]);
       CUTE_UNROLL
       for (int i = 0; i < kRows; ++i) {
-        // The running max moves only when the block's max passes it (corr rescales O and l),
-        // else corr is exactly 1. (Letting the max lag by a slack, as FlashAttention-4 does,
+        // corr rescales O and l: 2^0 = 1 exactly where the max did not move (mx == m), 0 at the
+        // first key (m was m_none). (Letting the max lag by a slack, as FlashAttention-4 does,
         // makes the largest P inexact in bf16: measured 2.1x the naive error on a peaked
         // softmax, over docs/semantics.md §5's 2x, for 1-4% of speed.)
-        corr[i] = mx[i] > m[i] ? detail::exp2_approx((m[i] - mx[i]) * su) : 1.f;  // 0: m was -inf
+        corr[i] = detail::exp2_approx((m[i] - mx[i]) * su);
         m[i] = mx[i];
-        const float m_use = m[i] == -INFINITY ? 0.f : m[i] * su;  // log2 units
-        float sum0 = 0.f, sum1 = 0.f;
+        const float m_use = m[i] * su;  // log2 units, finite
+        // Each row's two sums start from its first pair (0 + P is P: two adds a row fewer).
+        S(i, 0) = detail::exp2_approx(fmaf(S(i, 0), su, -m_use));
+        S(i, 1) = detail::exp2_approx(fmaf(S(i, 1), su, -m_use));
+        float sum0 = S(i, 0), sum1 = S(i, 1);
         CUTE_UNROLL
-        for (int jj = 0; jj < kCols; jj += 2) {
+        for (int jj = 2; jj < kCols; jj += 2) {
           S(i, jj) = detail::exp2_approx(fmaf(S(i, jj), su, -m_use));
           S(i, jj + 1) = detail::exp2_approx(fmaf(S(i, jj + 1), su, -m_use));
           sum0 += S(i, jj);
@@ -588,6 +595,9 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
       CUTE_UNROLL
       for (int i = 0; i < kRows; ++i) {
         const int row = q0 + get<0>(cO(i, 0));
+        // A row whose max is still m_none after a block it sees whole read only -inf (or NaN)
+        // logits there: an inf in q (a flagged key poisons its rows itself).
+        if (!rewrite && saw_full && m[i] == m_none) l[i] = __int_as_float(0x7fffffff);
         const float l_sum = detail::quad_sum(l[i]);  // NaN: the row read a NaN/inf
         const float l_tot = stale ? __int_as_float(0x7fffffff) : l_sum;
         float lse = l_tot == 0.f ? -INFINITY : (m[i] * su + log2f(l_tot)) * kLn2;
@@ -633,7 +643,7 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
         float mr = -INFINITY;
         CUTE_UNROLL
         for (int i = 0; i < kRows; ++i)  // without a cap, m is the raw max itself
-          mr = fmaxf(mr, rewrite ? mraw[i] : (m[i] == -INFINITY ? -INFINITY : m[i] * p.scale));
+          mr = fmaxf(mr, rewrite ? mraw[i] : (m[i] == m_none ? -INFINITY : m[i] * p.scale));
         for (int off = 16; off > 0; off >>= 1) mr = fmaxf(mr, __shfl_xor_sync(0xffffffff, mr, off));
         if (__any_sync(0xffffffff, any_nan)) mr = __int_as_float(0x7fffffff);  // a NaN row
         if ((ctid & 31) == 0 && mr != -INFINITY) detail::atomic_max(p.max_logits + h, mr);
@@ -695,7 +705,16 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
           warpgroup_fence_operand(p_prev);
           if (leader) Barrier::arrive(&s.v_empty[pending]);
           pending = -1;
-          rescale_o(corr);
+          if constexpr (kD > 128) {
+            // O is 96 or 128 registers a thread here: where no row of the warp moved its max
+            // (most blocks after the first few) the rescale is skipped.
+            bool moved = false;
+            CUTE_UNROLL
+            for (int i = 0; i < kRows; ++i) moved |= corr[i] != 1.f;
+            if (__any_sync(0xffffffff, moved)) rescale_o(corr);
+          } else {
+            rescale_o(corr);
+          }
         }
         convert_p(p_next);
         prev = r;
