@@ -626,14 +626,16 @@ TEST(Sm90Forward, NanAndInfInUnseenRowsDoNotLeak) {
 // (the oracle says which rows), and every other row, out and lse, is bit-identical to the run
 // on clean inputs, masked cells of the same key block included (the fixer zeroes non-finite V
 // chunks, masked scores are -inf whatever K holds). max_logits: NaN for a head with a NaN row,
-// else the clean value. Returns how many rows came out NaN.
+// else the clean value. Returns how many rows came out NaN. `shape` (optional) edits the clean
+// inputs first, for both runs.
 using Planter = std::function<void(Problem&)>;
 
 std::int64_t expect_rule(const Mask& mask, const Case& c, const Planter& plant,
-                         const std::string& note) {
+                         const std::string& note, const Planter& shape = nullptr) {
   const std::string what = describe(c, mask) + " [" + note + "]";
   SCOPED_TRACE(what);
-  const Problem clean = make_problem(mask, c, 13);
+  Problem clean = make_problem(mask, c, 13);
+  if (shape) shape(clean);
   Problem dirty = clean;
   plant(dirty);
   FwdResult a, b;
@@ -686,6 +688,36 @@ TEST(Sm90Forward, NanInASeenKeyRowMakesItsRowsNan) {
     }, "NaN k row 5");
     EXPECT_EQ(n, 507 * 2);
   }
+}
+
+TEST(Sm90Forward, InfInQWhoseLogitsAreAllMinusInfMakesItsRowNan) {
+  REQUIRE_GPU();
+  // Element 0 of every key negative and +inf in element 0 of a query row: every logit of that
+  // row is -inf. No +inf or NaN logit poisons the row by itself: the kernel's test of a row
+  // whose running max never left its start, after a block it sees whole, must. (Causal row 7
+  // sees only the diagonal block, which is masked: docs/numerics.md's documented gap, not
+  // planted.)
+  const std::int64_t n = 300;
+  int ran = 0;
+  for (std::int64_t d : {64, 128, 192, 256}) {
+    Case c;
+    c.d = d;
+    if (!built(c.in, d)) continue;
+    ++ran;
+    const Planter negative_k0 = [&](Problem& p) {
+      for (std::int64_t j = 0; j < n; ++j)
+        for (std::int64_t g = 0; g < c.hkv; ++g) {
+          double& x = p.k[std::size_t((j * c.hkv + g) * d)];
+          x = -std::fabs(x) - 0.5;
+        }
+    };
+    const Planter row7 = [&](Problem& p) { plant_row(p.q, 7, 0, c.hq, d, kInf, 0); };
+    const Planter row200 = [&](Problem& p) { plant_row(p.q, 200, 3, c.hq, d, kInf, 0); };
+    const Planter both = [&](Problem& p) { row7(p), row200(p); };
+    EXPECT_EQ(expect_rule(masks::full(n, n), c, both, "full", negative_k0), 2);
+    EXPECT_EQ(expect_rule(masks::causal(n, n), c, row200, "causal", negative_k0), 1);
+  }
+  EXPECT_GT(ran, 0);
 }
 
 TEST(Sm90Forward, NanAndInfInPartiallyVisibleBlocks) {

@@ -397,8 +397,8 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
   const float su = rewrite ? 1.f : p.scale * kLog2e;
   // The running max before any key: finite, so that no per-block test for -inf is needed (the
   // rescale factor of the first block is 2^(huge negative) = 0, a row that sees only masked
-  // cells keeps it and l = 0), with m_none * su finite. A visible logit at or below it (only
-  // |scale q.k log2 e| >= 3.4e38) reads as no key (docs/numerics.md).
+  // cells keeps it and l = 0), with m_none * su finite. A row whose visible logits are all at
+  // or below it (|q.k| >= 3.4e38 / max(1, su)) reads as empty (docs/numerics.md).
   const float m_none = -FLT_MAX / fmaxf(su, 1.f);
 
   // Scheduler barriers, a token passed round the warpgroups: w waits on 1 + w (with the one
@@ -513,8 +513,10 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
         l[i] = l[i] * corr[i] + (sum0 + sum1);
       }
     };
-    // Every block rescales O, even when no row's max moved (corr 1): skipping it behind a
-    // warp vote was measured 6-7% slower at D 64 and even at D 128 (docs/benchmarks.md).
+    // Up to D 128 every block rescales O, even when no row's max moved (corr 1): skipping it
+    // behind a warp vote was measured 6-7% slower at D 64 and even at D 128; above, where O is
+    // 96 or 128 registers a thread, the step skips it (+3-6 % at D 256, -1 to +2 % at D 192:
+    // docs/benchmarks.md).
     auto rescale_o = [&](const float (&corr)[kRows]) CUTLASS_LAMBDA_FUNC_INLINE {
       CUTE_UNROLL
       for (int i = 0; i < kRows; ++i) {
@@ -706,8 +708,8 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
           if (leader) Barrier::arrive(&s.v_empty[pending]);
           pending = -1;
           if constexpr (kD > 128) {
-            // O is 96 or 128 registers a thread here: where no row of the warp moved its max
-            // (most blocks after the first few) the rescale is skipped.
+            // Skipped where no row of the warp moved its max (most blocks after the first few;
+            // O * 1 is O, so the result is the same bits).
             bool moved = false;
             CUTE_UNROLL
             for (int i = 0; i < kRows; ++i) moved |= corr[i] != 1.f;
