@@ -724,15 +724,17 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
         return bool(bi.flags & detail::BlockInfo::kLast);
       };
       bool last_in_p2 = false;  // the last block's P is in tOrP2
-      while (!(bi.flags & detail::BlockInfo::kLast)) {
-        if constexpr (C::kTwoP) {  // two blocks a round: each P is one set of registers
-          if (step(tOrP, tOrP2)) {
-            last_in_p2 = true;
-            break;
+      if (!(bi.flags & detail::BlockInfo::kLast)) {
+        for (;;) {  // each step says whether its block was the last
+          if constexpr (C::kTwoP) {  // two blocks a round: each P is one set of registers
+            if (step(tOrP, tOrP2)) {
+              last_in_p2 = true;
+              break;
+            }
+            if (step(tOrP2, tOrP)) break;
+          } else {
+            if (step(tOrP, tOrP)) break;
           }
-          if (step(tOrP2, tOrP)) break;
-        } else {
-          if (step(tOrP, tOrP)) break;
         }
       }
       warpgroup_wait<0>();
