@@ -513,16 +513,24 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
         l[i] = l[i] * corr[i] + (sum0 + sum1);
       }
     };
-    // Up to D 128 every block rescales O, even when no row's max moved (corr 1): skipping it
-    // behind a warp vote was measured 6-7% slower at D 64 and even at D 128; above, where O is
-    // 96 or 128 registers a thread, the step skips it (+3-6 % at D 256, -1 to +2 % at D 192:
-    // docs/benchmarks.md).
+    // At D 64 every block rescales O, even when no row's max moved (corr 1): skipping it behind
+    // a warp vote was measured 6-7% slower there (and equal at D 128 with one P); above D 128,
+    // where O is 96 or 128 registers a thread, the step skips it (+3-6 % at D 256, -1 to +2 %
+    // at D 192: docs/benchmarks.md), and at D 128 (two P) too, to keep it out of the turn.
     auto rescale_o = [&](const float (&corr)[kRows]) CUTLASS_LAMBDA_FUNC_INLINE {
       CUTE_UNROLL
       for (int i = 0; i < kRows; ++i) {
         CUTE_UNROLL
         for (int jj = 0; jj < size<1>(O); ++jj) O(i, jj) *= corr[i];
       }
+    };
+    // The rescale skipped where no row of the warp moved its max (most blocks after the first
+    // few; O * 1 is O, so the result is the same bits).
+    auto rescale_o_if_moved = [&](const float (&corr)[kRows]) CUTLASS_LAMBDA_FUNC_INLINE {
+      bool moved = false;
+      CUTE_UNROLL
+      for (int i = 0; i < kRows; ++i) moved |= corr[i] != 1.f;
+      if (__any_sync(0xffffffff, moved)) rescale_o(corr);
     };
     auto convert_p = [&](PTensor& P) CUTLASS_LAMBDA_FUNC_INLINE {
       CUTE_UNROLL
@@ -670,9 +678,12 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
       convert_p(tOrP);
       // Block j's softmax runs under block j-1's P V. With C::kTwoP nothing after the softmax
       // needs that P V complete: P alternates between two register sets, O is rescaled by
-      // block j's corr in the next step, after that step's Q K^T is issued (under it on the
-      // tensor cores), and the wait for the P V is at the start of the next step, behind the
-      // K wait's branch: ptxas moves a wgmma wait to the top of its basic block. With one P,
+      // block j's corr at the start of the next step, behind the wait for that P V and a warp
+      // vote (skipped where no row moved its max), before the warpgroup's turn at the tensor
+      // cores: issued plainly after the turn's Q K^T, ptxas spread the 64 multiplies through
+      // the turn (123 instructions from its barrier to its release against FFA's 82), and
+      // only a branch keeps them out. ptxas moves a wgmma wait to the top of its basic block:
+      // the wait is behind the K wait's branch. With one P,
       // the rescale and the wait right after the softmax, the wait ran before the softmax at
       // D 128 (the kernel's most stalled instruction, 6 % of the samples; docs/benchmarks.md).
       detail::Ring prev = r;  // the block whose P V is next
@@ -686,11 +697,11 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
           warpgroup_fence_operand(tOrO);
           warpgroup_fence_operand(p_next);
           if (leader && pending >= 0) Barrier::arrive(&s.v_empty[pending]);
+          rescale_o_if_moved(corr);
         }
         bi = s.info[r.stage];
         detail::named_sync(my_bar, kPair);
         issue_qk(r.stage);
-        if constexpr (C::kTwoP) rescale_o(corr);
         wait_v(prev, prev_edge);
         issue_pv(prev.stage, p_prev);
         detail::named_arrive(next_bar, kPair);
@@ -707,16 +718,10 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
           warpgroup_fence_operand(p_prev);
           if (leader) Barrier::arrive(&s.v_empty[pending]);
           pending = -1;
-          if constexpr (kD > 128) {
-            // Skipped where no row of the warp moved its max (most blocks after the first few;
-            // O * 1 is O, so the result is the same bits).
-            bool moved = false;
-            CUTE_UNROLL
-            for (int i = 0; i < kRows; ++i) moved |= corr[i] != 1.f;
-            if (__any_sync(0xffffffff, moved)) rescale_o(corr);
-          } else {
+          if constexpr (kD > 128)
+            rescale_o_if_moved(corr);
+          else
             rescale_o(corr);
-          }
         }
         convert_p(p_next);
         prev = r;
