@@ -677,15 +677,15 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
       if constexpr (!C::kTwoP) rescale_o(corr);  // O is 0: as the steps do
       convert_p(tOrP);
       // Block j's softmax runs under block j-1's P V. With C::kTwoP nothing after the softmax
-      // needs that P V complete: P alternates between two register sets, O is rescaled by
-      // block j's corr at the start of the next step, behind the wait for that P V and a warp
-      // vote (skipped where no row moved its max), before the warpgroup's turn at the tensor
-      // cores: issued plainly after the turn's Q K^T, ptxas spread the 64 multiplies through
-      // the turn (123 instructions from its barrier to its release against FFA's 82), and
-      // only a branch keeps them out. ptxas moves a wgmma wait to the top of its basic block:
-      // the wait is behind the K wait's branch. With one P,
-      // the rescale and the wait right after the softmax, the wait ran before the softmax at
-      // D 128 (the kernel's most stalled instruction, 6 % of the samples; docs/benchmarks.md).
+      // needs that P V complete: P alternates between two register sets, and the next step
+      // waits for the P V (behind the K wait's branch: ptxas moves a wgmma wait to the top of
+      // its basic block), then rescales O by block j's corr behind a warp vote (skipped where
+      // no row moved its max) before the warpgroup's turn at the tensor cores. Written after
+      // the turn's Q K^T, the 64 multiplies were spread through the turn by ptxas (123
+      // instructions from its barrier to its release, FFA's 82); only a branch keeps them out.
+      // With one P, the rescale and the wait right after the softmax, the wait ran before the
+      // softmax at D 128 (the kernel's most stalled instruction, 6 % of the samples;
+      // docs/benchmarks.md).
       detail::Ring prev = r;  // the block whose P V is next
       bool prev_edge = bi.flags & detail::BlockInfo::kEdge;
       int pending = -1;       // V stage of a P V in flight not yet waited for (-1: none)
