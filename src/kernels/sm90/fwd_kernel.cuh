@@ -180,7 +180,9 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
     for (int i = 0; i < kStages; ++i) {
       TxBarrier::init(&s.k_full[i], 1);
       TxBarrier::init(&s.v_full[i], 1);
-      Barrier::init(&s.k_empty[i], C::kConsumerThreads);  // each reader of info[i] too
+      // One arrive a consumer warp, after all its lanes read info[i] (release_k): each arrive
+      // is an event that wakes the producer's wait, 8 a block instead of 256.
+      Barrier::init(&s.k_empty[i], C::kConsumerThreads / 32);
       Barrier::init(&s.v_empty[i], C::kWarpgroups);
     }
     for (int i = 0; i < kStages; ++i) Barrier::init(&s.v_ready[i], 1);
@@ -586,6 +588,12 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
           }
         }
     };
+    // K's stage (and its info) back to the producer: the warp's lanes have read info (the
+    // sync orders their reads before lane 0's arrive) and its Q K^T has completed.
+    auto release_k = [&](int stage) {
+      __syncwarp();
+      if ((ctid & 31) == 0) Barrier::arrive(&s.k_empty[stage]);
+    };
     // Q is free once the tile's last Q K^T has completed: released there (not after the last
     // P V and the epilogue), so the next item's Q load overlaps them.
     auto release_q_after_last = [&](const detail::BlockInfo& bi) {
@@ -671,7 +679,7 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
       warpgroup_wait<0>();
       warpgroup_fence_operand(tSrS);
       poison_rows(bi);
-      Barrier::arrive(&s.k_empty[r.stage]);
+      release_k(r.stage);
       release_q_after_last(bi);
       softmax(bi, corr);
       if constexpr (!C::kTwoP) rescale_o(corr);  // O is 0: as the steps do
@@ -709,7 +717,7 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
         warpgroup_wait<1>();  // S of this block; the P V may still run
         warpgroup_fence_operand(tSrS);
         poison_rows(bi);
-        Barrier::arrive(&s.k_empty[r.stage]);
+        release_k(r.stage);
         release_q_after_last(bi);
         softmax(bi, corr);
         if constexpr (!C::kTwoP) {
