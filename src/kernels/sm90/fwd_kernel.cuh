@@ -180,9 +180,9 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
     for (int i = 0; i < kStages; ++i) {
       TxBarrier::init(&s.k_full[i], 1);
       TxBarrier::init(&s.v_full[i], 1);
-      // One arrive a consumer warp, after all its lanes read info[i] (release_k): each arrive
-      // is an event that wakes the producer's wait, 8 a block instead of 256.
-      Barrier::init(&s.k_empty[i], C::kConsumerThreads / 32);
+      // One arrive a consumer warpgroup (its leader, release_k), as v_empty: each arrive is an
+      // event that wakes the producer's wait (it was 256 a block, one a thread).
+      Barrier::init(&s.k_empty[i], C::kWarpgroups);
       Barrier::init(&s.v_empty[i], C::kWarpgroups);
     }
     for (int i = 0; i < kStages; ++i) Barrier::init(&s.v_ready[i], 1);
@@ -588,11 +588,13 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
           }
         }
     };
-    // K's stage (and its info) back to the producer: the warp's lanes have read info (the
-    // sync orders their reads before lane 0's arrive) and its Q K^T has completed.
+    // K's stage (and its info) back to the producer, by the leader alone: the warpgroup's Q K^T
+    // has completed (a wgmma group completes for the whole warpgroup), and every thread of it
+    // read info before the named barrier of its turn, which orders those reads before the
+    // leader's arrive (bar.sync: what a participant did before it happens before what any
+    // participant does after).
     auto release_k = [&](int stage) {
-      __syncwarp();
-      if ((ctid & 31) == 0) Barrier::arrive(&s.k_empty[stage]);
+      if (leader) Barrier::arrive(&s.k_empty[stage]);
     };
     // Q is free once the tile's last Q K^T has completed: released there (not after the last
     // P V and the epilogue), so the next item's Q load overlaps them.
