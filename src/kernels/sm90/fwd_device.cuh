@@ -181,16 +181,12 @@ using sm90::kBadWords;
 struct BlockInfo {
   enum : int {
     kLast = 1,      // the tile's last block
-    kEdge = 2,      // the fixer zeroes V rows of this block: wait for v_ready, not v_full
+    kFixed = 2,     // the fixer zeroes V rows of this block: wait for v_ready, not v_full
     kFullRows = 4,  // << warpgroup: the piece covers the block for that warpgroup's 64 rows
   };
   Piece pc;
   int kb, flags;
 };
-
-// A V block with rows past its piece's key range: those rows are zeroed before the P V
-// product (kb never starts before the piece's k0).
-__device__ inline bool v_edge(int kb, const Piece& pc, int block_n) { return kb + block_n > pc.k1; }
 
 // Bits [kb, kb + live) of one head's row flags (live <= 128, the rest 0), read by a whole warp
 // (lane i loads word kb / 32 + i; the flag array has kBadWords + 1 words of padding per head).

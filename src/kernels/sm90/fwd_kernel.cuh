@@ -7,9 +7,9 @@
 //   the producer takes the next item from the counter, hands it to the consumers through
 //   shared memory, walks the tile's pieces and loads the Q tile and a ring of K and V blocks
 //   with TMA, each stage guarded by a full and an empty mbarrier, writing beside each K stage
-//   what the consumers need to know of its block (BlockInfo: piece, first key, last / edge /
-//   no-mask flags), so the consumers never read the work list; the fixer zeroes V rows past
-//   a piece's key range (below);
+//   what the consumers need to know of its block (BlockInfo: piece, first key, last / fixed /
+//   no-mask flags), so the consumers never read the work list; the fixer zeroes non-finite V
+//   rows that masked cells would otherwise multiply (below);
 // - two consumer warpgroups (232 registers each) own 64 query rows each of the 128-row tile
 //   (three of 160 registers at D 64: 192 rows). Each releases Q after its last Q K^T of the
 //   tile, so the next item's Q load overlaps the last softmax, P V and the epilogue.
@@ -22,15 +22,16 @@
 //
 // Masking: element masks run only on blocks whose corners a piece does not cover; rows
 // outside the piece, keys outside [k0, k1) and cells off the band are -inf (whatever K holds
-// there). A masked cell's P is 0, but 0 * NaN is NaN. A pass over K and V before the kernel
-// flags every key row holding a NaN/inf (FwdParams::bad_rows); the producer reads the flags of
-// each block into its BlockInfo. For a V block that runs past its piece's k1, or a block with
-// masked cells and a flagged key, it posts a job: the fixer warp waits for the block's TMA,
-// zeroes the rows past k1 and the flagged rows, and only then releases the block to the
-// consumers (v_ready), so garbage in a V row cannot leak into a row that does not see it, and
-// the producer never waits for it. The consumers set l = NaN for their rows that see a flagged
-// key (docs/numerics.md: the row's out and lse are NaN). Blocks without flags pay one test.
-// Rows past the tensor's end are TMA's zero fill.
+// there), so their P is exactly 0. But 0 * NaN is NaN: a pass over K and V before the kernel
+// flags every key row of the tensors holding a NaN/inf (FwdParams::bad_rows, and bad_any per
+// kv head). Every unflagged V row is finite, so its masked cells add exactly 0, also in a block
+// that runs past its piece's k1 (rows past the tensor's end are TMA's zero fill). For a flagged
+// head (rare) the producer posts a job for each block with masked cells: the fixer warp waits
+// for the block's TMA, zeroes its rows past k1 and its flagged rows, and only then releases it
+// to the consumers (v_ready), so a non-finite V row cannot leak into a row that does not see
+// it, and the producer never waits for it. The consumers set l = NaN for their rows that see a
+// flagged key (docs/numerics.md: the row's out and lse are NaN). A call without a flagged head
+// posts no job (the fixer warp exits at once), and its blocks pay one test a tile.
 //
 // mbarrier waits go by phase parity: a thread may wait only on a phase right after one it has
 // itself seen complete (or one that cannot be two phases ahead), so only the thread that
@@ -127,12 +128,13 @@ struct FwdConfig {
     alignas(8) cute::uint64_t q_full, q_empty;
     cute::uint64_t k_full[kStages], k_empty[kStages], v_full[kStages], v_empty[kStages];
     cute::uint64_t item_full[2], item_empty[2];
-    // V blocks that straddle a piece's key range: the producer posts a job, the fixer warp
-    // zeroes the rows past the range once TMA has landed and arrives on v_ready.
+    // Masked V blocks of a head with flagged rows: the producer posts a job, the fixer warp
+    // zeroes the flagged rows and those past the piece once TMA has landed, then arrives on
+    // v_ready.
     cute::uint64_t v_ready[kStages], job_full[2], job_empty[2];
     std::int64_t item[2];
     int job[2][5];  // stage (-1: stop), v_full parity, first row to zero (the block's keys
-                    // inside its piece), and for a block with flagged keys its kb and kv head
+                    // inside its piece), the block's kb and its kv head
     detail::BlockInfo info[kStages];  // the block in each K stage (fwd_device.cuh)
   };
   // Slack to align the dynamic shared memory to the 1024-byte swizzle period.
@@ -209,6 +211,11 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
       // the piece and its flagged rows (generic-proxy stores over what the async proxy wrote:
       // the mbarrier wait orders them after it, the proxy fence orders the wgmma reads after
       // them).
+      // A call without a flagged kv head (nearly always) posts it no job but the stop: it exits
+      // rather than wait in the sleep loop of an mbarrier, woken to issue a test each time.
+      bool any_bad = false;
+      for (int i = lane; i < p.heads_kv; i += 32) any_bad |= p.bad_any[i] != 0u;
+      if (!__any_sync(0xffffffffu, any_bad)) return;
       Tensor sV = make_tensor(make_smem_ptr(s.v), typename C::LayoutV{});
       for (int j = 0;; ++j) {
         const detail::Ring slot = detail::ring<2>(j);
@@ -220,18 +227,16 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
 #pragma unroll 1
         for (int i = s.job[slot.stage][2] * kChunks + lane; i < kBN * kChunks; i += 32)
           *reinterpret_cast<uint4*>(&sV(i / kChunks, (i % kChunks) * 8, stage)) = uint4{0, 0, 0, 0};
-        if (const int kb = s.job[slot.stage][3]; kb >= 0) {  // flagged rows (rare)
-          unsigned flagged[detail::kBadWords];
-          detail::block_row_flags(p.bad_rows + std::int64_t(s.job[slot.stage][4]) * p.bad_words,
-                                  kb, s.job[slot.stage][2], lane, flagged);
-          CUTE_UNROLL
-          for (int w = 0; w < detail::kBadWords; ++w)
-            for (unsigned bad = flagged[w]; bad != 0u; bad &= bad - 1u) {
-              const int row = 32 * w + __ffs(int(bad)) - 1;
-              for (int c = lane; c < kChunks; c += 32)
-                *reinterpret_cast<uint4*>(&sV(row, c * 8, stage)) = uint4{0, 0, 0, 0};
-            }
-        }
+        unsigned flagged[detail::kBadWords];  // the block's flagged rows inside its piece
+        detail::block_row_flags(p.bad_rows + std::int64_t(s.job[slot.stage][4]) * p.bad_words,
+                                s.job[slot.stage][3], s.job[slot.stage][2], lane, flagged);
+        CUTE_UNROLL
+        for (int w = 0; w < detail::kBadWords; ++w)
+          for (unsigned bad = flagged[w]; bad != 0u; bad &= bad - 1u) {
+            const int row = 32 * w + __ffs(int(bad)) - 1;
+            for (int c = lane; c < kChunks; c += 32)
+              *reinterpret_cast<uint4*>(&sV(row, c * 8, stage)) = uint4{0, 0, 0, 0};
+          }
         cutlass::arch::fence_view_async_shared();
         __syncwarp();
         if (lane == 0) Barrier::arrive(&s.v_ready[stage]);
@@ -240,14 +245,14 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
       return;
     }
     int jobs = 0;  // jobs posted to the fixer
-    auto post_job = [&](int stage, unsigned phase, int first_row, int bad_kb, int bad_head) {
+    auto post_job = [&](int stage, unsigned phase, int first_row, int kb, int kv_head) {
       const detail::Ring slot = detail::ring<2>(jobs++);
       Barrier::wait(&s.job_empty[slot.stage], slot.phase ^ 1);
       s.job[slot.stage][0] = stage;
       s.job[slot.stage][1] = int(phase);
       s.job[slot.stage][2] = first_row;
-      s.job[slot.stage][3] = bad_kb;
-      s.job[slot.stage][4] = bad_head;
+      s.job[slot.stage][3] = kb;
+      s.job[slot.stage][4] = kv_head;
       Barrier::arrive(&s.job_full[slot.stage]);
     };
     if (lane == 0) {
@@ -330,14 +335,13 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
           if (detail::covers(pc, tile.start + 64 * w, 64, info.kb, kBN))
             info.flags |= detail::BlockInfo::kFullRows << w;
         // A head with a flagged key row (rare) has the fixer look at each of its blocks with
-        // masked cells, to zero the flagged V rows there (where every row sees every key,
-        // every row is NaN anyway); the fixer and the consumers read the row flags themselves,
-        // so the producer (40 registers) carries none of it.
+        // masked cells, to zero the flagged V rows there and those past the piece (where every
+        // row sees every key, every row is NaN anyway); the fixer and the consumers read the
+        // row flags themselves, so the producer (40 registers) carries none of it.
         const int live = pc.k1 - info.kb < kBN ? pc.k1 - info.kb : kBN;
         constexpr int kAllFull = ((1 << C::kWarpgroups) - 1) * detail::BlockInfo::kFullRows;
-        const bool fix_bad = head_bad && (info.flags & kAllFull) != kAllFull;
-        const bool edge = detail::v_edge(info.kb, pc, kBN) || fix_bad;
-        if (edge) info.flags |= detail::BlockInfo::kEdge;
+        const bool fix = head_bad && (info.flags & kAllFull) != kAllFull;
+        if (fix) info.flags |= detail::BlockInfo::kFixed;
         if (ahead.valid()) {
           if (ahead_new && lane == 0) {
             l2_prefetch(kp.tma_k, mK, ahead.kb, hk);
@@ -353,7 +357,7 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
           Barrier::wait(&s.v_empty[r.stage], r.phase ^ 1);
           tma_load(kp.tma_v, mV, info.kb, hk, s.v_full[r.stage], sV(_, _, r.stage),
                    TMA::CacheHintSm90::EVICT_LAST);
-          if (edge) post_job(r.stage, r.phase, live, fix_bad ? info.kb : -1, hk);
+          if (fix) post_job(r.stage, r.phase, live, info.kb, hk);
         }
         if (new_piece && it.valid()) warm(it.piece), pc = p.pieces[it.piece];
       }
@@ -558,8 +562,8 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
 
     // V of a block is ready when its TMA landed, or, for a block the fixer zeroes rows of,
     // when the fixer is done (v_ready advances only on those blocks: a bit per stage).
-    auto wait_v = [&](const detail::Ring& r, bool edge) {
-      if (edge) {
+    auto wait_v = [&](const detail::Ring& r, bool fixed) {
+      if (fixed) {
         Barrier::wait(&s.v_ready[r.stage], (ready_phases >> r.stage) & 1u);
         ready_phases ^= 1u << r.stage;
       } else {
@@ -697,7 +701,7 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
       // softmax at D 128 (the kernel's most stalled instruction, 6 % of the samples;
       // docs/benchmarks.md).
       detail::Ring prev = r;  // the block whose P V is next
-      bool prev_edge = bi.flags & detail::BlockInfo::kEdge;
+      bool prev_fixed = bi.flags & detail::BlockInfo::kFixed;
       int pending = -1;       // V stage of a P V in flight not yet waited for (-1: none)
       auto step = [&](PTensor& p_prev, PTensor& p_next) CUTLASS_LAMBDA_FUNC_INLINE {
         r = detail::ring<kStages>(blk++);
@@ -712,7 +716,7 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
         bi = s.info[r.stage];
         detail::named_sync(my_bar, kPair);
         issue_qk(r.stage);
-        wait_v(prev, prev_edge);
+        wait_v(prev, prev_fixed);
         issue_pv(prev.stage, p_prev);
         detail::named_arrive(next_bar, kPair);
         pending = prev.stage;
@@ -735,7 +739,7 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
         }
         convert_p(p_next);
         prev = r;
-        prev_edge = bi.flags & detail::BlockInfo::kEdge;
+        prev_fixed = bi.flags & detail::BlockInfo::kFixed;
         return bool(bi.flags & detail::BlockInfo::kLast);
       };
       bool last_in_p2 = false;  // the last block's P is in tOrP2
@@ -756,7 +760,7 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
       warpgroup_fence_operand(tOrO);
       if (leader && pending >= 0) Barrier::arrive(&s.v_empty[pending]);
       if constexpr (C::kTwoP) rescale_o(corr);
-      wait_v(prev, prev_edge);
+      wait_v(prev, prev_fixed);
       if (last_in_p2)
         issue_pv(prev.stage, tOrP2);
       else
