@@ -244,6 +244,12 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
       }
       return;
     }
+    // The thread that issues the TMA copies, waits on the stage barriers and posts the jobs:
+    // elect.sync over the whole (converged) warp picks the same lane every time, as the parity
+    // waits need, and tells ptxas that one thread runs the branch, so each TMA copy is one
+    // instruction on uniform registers (under lane == 0 ptxas wrapped each of the 4 copies a
+    // block in a loop electing a lane, about 12 instructions each).
+    auto elected = [] { return cute::elect_one_sync() != 0u; };
     int jobs = 0;  // jobs posted to the fixer
     auto post_job = [&](int stage, unsigned phase, int first_row, int kb, int kv_head) {
       const detail::Ring slot = detail::ring<2>(jobs++);
@@ -294,7 +300,7 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
         Barrier::arrive(&s.item_full[slot.stage]);
       }
       if (item >= num_items) {
-        if (lane == 0) post_job(-1, 0, 0, -1, 0);
+        if (elected()) post_job(-1, 0, 0, -1, 0);
         break;
       }
       const detail::FwdItem it_h = detail::fwd_item(item, p.num_tiles, group);
@@ -305,7 +311,7 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
       // consumers count the same loads. Loading it anyway raced: a leader hands Q back right
       // after its own wait, so with two keyless tiles in a row the next load could complete
       // q_full twice before a slower warp of its warpgroup waited once (same parity: a hang).
-      if (lane == 0 && tile.piece_begin < tile.piece_end) {
+      if (tile.piece_begin < tile.piece_end && elected()) {
         Barrier::wait(&s.q_empty, (q_loads & 1) ^ 1);
         tma_load(kp.tma_q, mQ, tile.start, h, s.q_full, sQ, TMA::CacheHintSm90::EVICT_FIRST);
       }
@@ -343,13 +349,13 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
         const bool fix = head_bad && (info.flags & kAllFull) != kAllFull;
         if (fix) info.flags |= detail::BlockInfo::kFixed;
         if (ahead.valid()) {
-          if (ahead_new && lane == 0) {
+          if (ahead_new && elected()) {
             l2_prefetch(kp.tma_k, mK, ahead.kb, hk);
             l2_prefetch(kp.tma_v, mV, ahead.kb, hk);
           }
           ahead_new = ahead.advance(p.pieces, kBN);
         }
-        if (lane == 0) {
+        if (elected()) {
           Barrier::wait(&s.k_empty[r.stage], r.phase ^ 1);
           s.info[r.stage] = info;  // published by the K load's arrive (release)
           tma_load(kp.tma_k, mK, info.kb, hk, s.k_full[r.stage], sK(_, _, r.stage),
