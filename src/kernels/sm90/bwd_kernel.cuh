@@ -410,6 +410,11 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
       copy(tma.with(full), detail::tma_rows_source(tma, m, row0, head, product_each(shape(dst))),
            tma.get_slice(0).partition_D(dst));
     };
+    // The thread that issues the TMA copies: elect.sync over the whole warp picks the same lane
+    // every time (the kv_empty waits need one thread) and tells ptxas that one thread runs the
+    // branch, so each copy is one UTMALDG on uniform registers; under lane == 0 ptxas wrapped
+    // each in a loop electing a lane (about 12 instructions a copy, 4 a query block at D 128).
+    auto elected = [] { return cute::elect_one_sync() != 0u; };
     constexpr unsigned kKVBytes = unsigned(cosize_v<typename C::LayoutKV> * sizeof(T));
     constexpr unsigned kQBytes = unsigned(kBM * kD * sizeof(T));
     int blk = 0, kv_uses = 0;
@@ -427,7 +432,7 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
       const Tile tile = p.tiles[item % p.num_tiles];
       const int g = int(item / p.num_tiles);
       if (tile.piece_begin == tile.piece_end) continue;  // the consumers write zeros
-      if (lane == 0) {
+      if (elected()) {
         Barrier::wait(&s.kv_empty, (kv_uses & 1) ^ 1);
         TxBarrier::arrive_and_expect_tx(&s.kv_full, 2 * kKVBytes);
         tma_load(kp.tma_k, mK, tile.start, g, sK, s.kv_full);
@@ -471,8 +476,9 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
               const int ticket = p.deterministic ? p.tickets[p.tickets[pi] + j] : 0;
               s.info[r.stage] = detail::BwdBlockInfo{bad, pc, qb, h, last ? 1 : 0, ticket};
             }
-            // Each lane's arrival releases its own stores (q_full counts the 32 lanes).
-            if (lane == 0) {
+            // Each lane's arrival releases its own stores (q_full counts the 32 lanes; the stage
+            // was acquired by every lane above, so any lane may post the copies).
+            if (elected()) {
               TxBarrier::arrive_and_expect_tx(&s.q_full[r.stage], 2 * kQBytes);
               tma_load(kp.tma_q, mQ, qb, h, sQ(_, _, r.stage), s.q_full[r.stage]);
               tma_load(kp.tma_do, mdO, qb, h, sdO(_, _, r.stage), s.q_full[r.stage]);
