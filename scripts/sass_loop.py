@@ -50,6 +50,7 @@ def main():
     ap.add_argument('sass')
     ap.add_argument('--function', type=int, default=0, help='index of the Function in the dump')
     ap.add_argument('--taken', default='', help='hex addresses of branches to take, comma separated')
+    ap.add_argument('--list', action='store_true', help='print the walked path, numbered')
     args = ap.parse_args()
     ins = parse(functions(args.sass)[args.function])
     addrs = sorted(ins)
@@ -73,7 +74,7 @@ def main():
     path, wait_pred, a = [], None, start
     while len(path) < 5000:
         insn = ins[a]
-        path.append(insn)
+        path.append(f'{a:x} {insn}' if args.list else insn)
         m = BRA.search(insn)
         nxt = after[a]
         if 'TRYWAIT' in insn or 'PHASECHK' in insn:
@@ -98,8 +99,11 @@ def main():
         a = nxt
         if a == start:
             break
+    if args.list:
+        for i, insn in enumerate(path):
+            print(f'{i:5d}  {insn}')
     blocks = max(1, hgmma // (16 if hgmma % 16 == 0 else 12))
-    hist = collections.Counter(opcode(i) for i in path)
+    hist = collections.Counter(opcode(i.split(' ', 1)[1] if args.list else i) for i in path)
     print(f'loop {start:x}..{back:x}, {blocks} key block(s) a round: {len(path) / blocks:.1f} '
           f'instructions a block')
     print(' '.join(f'{k}:{v}' for k, v in hist.most_common()))
