@@ -74,7 +74,7 @@ def main():
     path, wait_pred, a = [], None, start
     while len(path) < 5000:
         insn = ins[a]
-        path.append(f'{a:x} {insn}' if args.list else insn)
+        path.append((a, insn))
         m = BRA.search(insn)
         nxt = after[a]
         if 'TRYWAIT' in insn or 'PHASECHK' in insn:
@@ -100,10 +100,10 @@ def main():
         if a == start:
             break
     if args.list:
-        for i, insn in enumerate(path):
-            print(f'{i:5d}  {insn}')
+        for i, (x, insn) in enumerate(path):
+            print(f'{i:5d}  {x:x} {insn}')
     blocks = max(1, hgmma // (16 if hgmma % 16 == 0 else 12))
-    hist = collections.Counter(opcode(i.split(' ', 1)[1] if args.list else i) for i in path)
+    hist = collections.Counter(opcode(insn) for _, insn in path)
     print(f'loop {start:x}..{back:x}, {blocks} key block(s) a round: {len(path) / blocks:.1f} '
           f'instructions a block')
     print(' '.join(f'{k}:{v}' for k, v in hist.most_common()))
