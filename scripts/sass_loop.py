@@ -95,8 +95,8 @@ def main():
             go = not insn.startswith('@') or a in taken
             guard = insn.split()[0]
             if insn.startswith('@') and a not in taken:
-                if wait_pred and guard == '@' + wait_pred:
-                    go = True  # the wait succeeded
+                if wait_pred and guard in ('@' + wait_pred, '@!' + wait_pred):
+                    go = guard == '@' + wait_pred  # the wait succeeded: no retry
                 elif a < t < a + 0x3000 and any(
                         'FLO' in ins[x] or ('FSEL' in ins[x] and '-INF' in ins[x])
                         for x in addrs if a < x < t):
