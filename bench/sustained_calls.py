@@ -21,7 +21,8 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to run")
         return 0
-    q, k, v = (torch.randn(n, h, 128, device="cuda", dtype=torch.bfloat16) for h in (32, 8, 8))
+    hq, hkv, d = 32, 8, 128
+    q, k, v = (torch.randn(n, h, d, device="cuda", dtype=torch.bfloat16) for h in (hq, hkv, hkv))
     r = torch.tensor([[0, n]], dtype=torch.int32, device="cuda")
     t = torch.tensor([0], dtype=torch.int32, device="cuda")
     fn = magiattn.flex_flash_attn_func if impl == "magiattn" else ffa_func()
@@ -35,7 +36,7 @@ def main() -> int:
         fn(q, k, v, r, r, t)
     torch.cuda.synchronize()
     dt = time.perf_counter() - t0
-    print(f"{impl} {n}: {4 * n * n * 32 * 128 * calls / dt / 1e12:.1f} TFLOP/s over {dt:.2f} s")
+    print(f"{impl} {n}: {4 * n * n * hq * d * calls / dt / 1e12:.1f} TFLOP/s over {dt:.2f} s")
     return 0
 
 

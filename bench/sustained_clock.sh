@@ -5,11 +5,13 @@
 # (the busy ones). Needs nvidia-smi, magiattn and MagiAttention's FFA on PYTHONPATH.
 set -u
 cd "$(dirname "$0")/.."
+clk=$(mktemp)  # this run's samples (two runs at once would mix them in a fixed file)
+trap 'rm -f "$clk"' EXIT
 for n in 16384 65536; do for impl in magiattn ffa magiattn ffa; do
   c=300; [ "$n" = 65536 ] && c=20
-  nvidia-smi --query-gpu=clocks.sm,power.draw --format=csv,noheader,nounits -lms 25 > /tmp/sustained_clk.txt &
+  nvidia-smi --query-gpu=clocks.sm,power.draw --format=csv,noheader,nounits -lms 25 > "$clk" &
   sampler=$!
   res=$(python3 bench/sustained_calls.py $impl $n $c 2>&1 | tail -1)
   kill $sampler
-  echo "$res | $(awk -F, '$2 > 300 {k++; c += $1; w += $2} END {if (k) printf "%d samples >300 W: %.0f MHz, %.0f W", k, c / k, w / k; else printf "no busy samples"}' /tmp/sustained_clk.txt)"
+  echo "$res | $(awk -F, '$2 > 300 {k++; c += $1; w += $2} END {if (k) printf "%d samples >300 W: %.0f MHz, %.0f W", k, c / k, w / k; else printf "no busy samples"}' "$clk")"
 done; done

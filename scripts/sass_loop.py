@@ -3,9 +3,11 @@
 
     cuobjdump -sass fwd.cubin > fwd.sass
     python3 scripts/sass_loop.py fwd.sass --function 0 [--taken 9990,d4f0]
+    python3 scripts/sass_loop.py fwd.sass --around UTMALDG:2 --taken ...   # the producer's loop
 
 Finds the innermost loop (a backward conditional branch) that encloses at least 12 HGMMA (one
-or two key blocks of the attention loop: 16 or 12 HGMMA a block), then walks one round of it:
+or two key blocks of the attention loop: 16 or 12 HGMMA a block; --around OP:N picks the loop
+around N of another opcode, one key block a round), then walks one round of it:
 
 - a wait that succeeds: after a TRYWAIT/PHASECHK that sets predicate P, `@P BRA` is taken and
   `@!P BRA` (the retry) is not;
@@ -50,30 +52,38 @@ def main():
     ap.add_argument('sass')
     ap.add_argument('--function', type=int, default=0, help='index of the Function in the dump')
     ap.add_argument('--taken', default='', help='hex addresses of branches to take, comma separated')
+    ap.add_argument('--list', action='store_true', help='print the walked path, numbered')
+    ap.add_argument('--around', default='HGMMA:12', metavar='OP:N',
+                    help='walk the innermost loop around N instructions of opcode OP (default '
+                         'HGMMA:12, the consumers\' loop; UTMALDG:2 is the producer\'s)')
     args = ap.parse_args()
+    op, _, least = args.around.partition(':')
+    if not (op and least.isdigit() and int(least) > 0):
+        sys.exit(f'--around {args.around!r}: want OPCODE:N with N > 0, e.g. UTMALDG:2')
+    least = int(least)
     ins = parse(functions(args.sass)[args.function])
     addrs = sorted(ins)
     after = dict(zip(addrs, addrs[1:]))
     taken = {int(x, 16) for x in args.taken.split(',') if x}
 
-    loop = None  # (start, branch address, HGMMA inside)
+    loop = None  # (start, branch address, OP inside)
     for a in addrs:
         m = BRA.search(ins[a])
         if not (m and ins[a].startswith('@')):
             continue
         t = int(m.group(1), 16)
-        n = sum('HGMMA' in ins[x] for x in addrs if t <= x <= a)
-        if t < a and n >= 12 and (loop is None or a - t < loop[1] - loop[0]):
+        n = sum(opcode(ins[x]) == op for x in addrs if t <= x <= a)
+        if t < a and n >= least and (loop is None or a - t < loop[1] - loop[0]):
             loop = (t, a, n)
     if loop is None:
-        sys.exit('no loop with 12 or more HGMMA')
-    start, back, hgmma = loop
+        sys.exit(f'no loop with {least} or more {op}')
+    start, back, found = loop
     taken.add(back)
 
     path, wait_pred, a = [], None, start
     while len(path) < 5000:
         insn = ins[a]
-        path.append(insn)
+        path.append((a, insn))
         m = BRA.search(insn)
         nxt = after[a]
         if 'TRYWAIT' in insn or 'PHASECHK' in insn:
@@ -85,8 +95,8 @@ def main():
             go = not insn.startswith('@') or a in taken
             guard = insn.split()[0]
             if insn.startswith('@') and a not in taken:
-                if wait_pred and guard == '@' + wait_pred:
-                    go = True  # the wait succeeded
+                if wait_pred and guard in ('@' + wait_pred, '@!' + wait_pred):
+                    go = guard == '@' + wait_pred  # the wait succeeded: no retry
                 elif a < t < a + 0x3000 and any(
                         'FLO' in ins[x] or ('FSEL' in ins[x] and '-INF' in ins[x])
                         for x in addrs if a < x < t):
@@ -98,8 +108,11 @@ def main():
         a = nxt
         if a == start:
             break
-    blocks = max(1, hgmma // (16 if hgmma % 16 == 0 else 12))
-    hist = collections.Counter(opcode(i) for i in path)
+    if args.list:
+        for i, (x, insn) in enumerate(path):
+            print(f'{i:5d}  {x:x} {insn}')
+    blocks = max(1, found // (16 if found % 16 == 0 else 12)) if op == 'HGMMA' else 1
+    hist = collections.Counter(opcode(insn) for _, insn in path)
     print(f'loop {start:x}..{back:x}, {blocks} key block(s) a round: {len(path) / blocks:.1f} '
           f'instructions a block')
     print(' '.join(f'{k}:{v}' for k, v in hist.most_common()))
