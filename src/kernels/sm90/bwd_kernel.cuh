@@ -410,11 +410,8 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
       copy(tma.with(full), detail::tma_rows_source(tma, m, row0, head, product_each(shape(dst))),
            tma.get_slice(0).partition_D(dst));
     };
-    // The thread that issues the TMA copies: elect.sync over the whole warp picks the same lane
-    // every time (the kv_empty waits need one thread) and tells ptxas that one thread runs the
-    // branch, so each copy is one UTMALDG on uniform registers; under lane == 0 ptxas wrapped
-    // each in a loop electing a lane (about 12 instructions a copy, 4 a query block at D 128).
-    auto elected = [] { return cute::elect_one_sync() != 0u; };
+    // The TMA copies and the kv_empty waits: one elected thread (fwd_device.cuh).
+    using detail::elected;
     constexpr unsigned kKVBytes = unsigned(cosize_v<typename C::LayoutKV> * sizeof(T));
     constexpr unsigned kQBytes = unsigned(kBM * kD * sizeof(T));
     int blk = 0, kv_uses = 0;

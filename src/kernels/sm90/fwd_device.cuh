@@ -9,6 +9,7 @@
 #include <cute/tensor.hpp>
 #include <cute/atom/copy_traits_sm90_tma.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cute/arch/cluster_sm90.hpp>
 
 #include "fwd_params.h"
 
@@ -281,6 +282,13 @@ __device__ inline void launch_dependents() { asm volatile("griddepcontrol.launch
 __device__ inline void wait_for_prerequisites() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
 }
+
+// The one thread of a converged warp that issues its TMA copies and waits on their barriers:
+// elect.sync over the whole warp picks the same lane every time, as the parity waits need, and
+// tells ptxas that one thread runs the branch, so each TMA copy is one UTMALDG on uniform
+// registers (under lane == 0 ptxas wrapped each copy in a loop electing a lane, about 12
+// instructions a copy).
+__device__ inline bool elected() { return cute::elect_one_sync() != 0u; }
 
 // Pulls a line into L1 (no register, no wait).
 __device__ inline void prefetch_l1(const void* ptr) {

@@ -244,12 +244,8 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
       }
       return;
     }
-    // The thread that issues the TMA copies, waits on the stage barriers and posts the jobs:
-    // elect.sync over the whole (converged) warp picks the same lane every time, as the parity
-    // waits need, and tells ptxas that one thread runs the branch, so each TMA copy is one
-    // instruction on uniform registers (under lane == 0 ptxas wrapped each of the 4 copies a
-    // block in a loop electing a lane, about 12 instructions each).
-    auto elected = [] { return cute::elect_one_sync() != 0u; };
+    // The TMA copies, the stage barriers' waits and the fixer's jobs: one elected thread.
+    using detail::elected;
     int jobs = 0;  // jobs posted to the fixer
     auto post_job = [&](int stage, unsigned phase, int first_row, int kb, int kv_head) {
       const detail::Ring slot = detail::ring<2>(jobs++);
