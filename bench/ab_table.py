@@ -14,8 +14,26 @@ import argparse
 import statistics
 import sys
 
-# gpu_attention_bench.py's columns, in order (a '-' where a baseline did not run).
+# The columns of gpu_attention_bench.py's rows, in order (a '-' where a baseline did not run),
+# then the ratios of magiattn to three of them and the max|diff| check: one definition of the
+# row format, which the bench writes (header, row_line) and this script reads (parse).
 COLUMNS = ["mask", "tokens", "area", "magiattn", "ffa", "cudnn", "flash", "flex"]
+RATIOS = ["ffa", "cudnn", "flex"]
+
+
+def header() -> str:
+    return (f"{'mask':<22}{'tokens':>7}{'area%':>7}{'magiattn':>10}{'ffa':>8}{'cudnn':>8}"
+            f"{'flash':>8}{'flex':>8}{'/ffa':>8}{'/cudnn':>7}{'/flex':>7}  max|diff| vs")
+
+
+def row_line(name: str, seqlen: int, area_pct: float, tflops: dict[str, float],
+             check: str) -> str:
+    """One row: TFLOP/s by column (magiattn always there), '-' for a baseline that did not run."""
+    cell = lambda key: f"{tflops[key]:8.1f}" if key in tflops else f"{'-':>8}"
+    ratio = lambda key: f"{tflops['magiattn'] / tflops[key]:7.2f}" if key in tflops else f"{'-':>7}"
+    return (f"{name:<22}{seqlen:>7}{area_pct:>7.1f}{tflops['magiattn']:>10.1f}"
+            + "".join(cell(k) for k in COLUMNS[4:]) + " " + "".join(ratio(k) for k in RATIOS)
+            + f"  {check}")
 
 
 def parse(text: str) -> dict[tuple[str, int], dict[str, float | str]]:
@@ -31,7 +49,7 @@ def parse(text: str) -> dict[tuple[str, int], dict[str, float | str]]:
         except ValueError:
             continue  # a message line (a baseline that refused the shape)
         row: dict[str, float | str] = {k: v for k, v in zip(COLUMNS[2:], values) if v is not None}
-        tail = words[len(COLUMNS) + 3:]  # after the three ratio columns: max|diff| and its ref
+        tail = words[len(COLUMNS) + len(RATIOS):]  # after the ratios: max|diff| and its ref
         row["check"] = " ".join(tail) if tail else "-"
         rows[(words[0], tokens)] = row
     return rows
@@ -42,7 +60,7 @@ def table(builds: list[tuple[str, dict]]) -> str:
     keys = []
     for _, rows in builds:
         keys += [k for k in rows if k not in keys]
-    head = ["mask", "tokens"] + [f"{label}" for label, _ in builds]
+    head = ["mask", "tokens"] + [label for label, _ in builds]
     if len(builds) > 1:
         head.append(f"{last} vs {first}")
     head += ["FFA", "cuDNN", f"{last} / FFA", f"{last} / cuDNN", "max|diff|"]

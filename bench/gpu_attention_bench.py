@@ -35,6 +35,7 @@ from magiattn import masks
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_masks import SPEC_MASKS, build_mask  # noqa: E402,F401 (re-exported to the other benches)
+from ab_table import header, row_line  # noqa: E402 (the row format, one definition)
 
 
 def time_ms(fns: dict, reps: int, inner: int) -> dict:
@@ -155,9 +156,7 @@ def main(argv=None) -> int:
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, bf16, Hq {hq}, Hkv {hkv}, "
           f"D {d}; TFLOP/s, median of {args.reps} x {args.inner} calls; "
           f"FFA {'in' if ffa else 'not available'}")
-    header = f"{'mask':<22}{'tokens':>7}{'area%':>7}{'magiattn':>10}{'ffa':>8}{'cudnn':>8}" \
-             f"{'flash':>8}{'flex':>8}{'/ffa':>8}{'/cudnn':>7}{'/flex':>7}  max|diff| vs"
-    print(header)
+    print(header())
     for seqlen in args.seqlens:
         gen = torch.Generator(device="cuda").manual_seed(seqlen)
         q = torch.randn(seqlen, hq, d, device="cuda", dtype=torch.bfloat16, generator=gen)
@@ -205,15 +204,10 @@ def main(argv=None) -> int:
                     print(f"  flex: {type(e).__name__}: {str(e).splitlines()[0][:100]}",
                           file=sys.stderr)
             row = {key: tf(ms) for key, ms in time_ms(fns, args.reps, args.inner).items()}
-            cell = lambda key: f"{row[key]:8.1f}" if key in row else f"{'-':>8}"
-            ratio = lambda key: f"{row['magiattn'] / row[key]:7.2f}" if key in row else f"{'-':>7}"
             ref = next((key for key in ("cudnn", "ffa") if key in outs), None)
             check = "-" if ref is None else \
                 f"{(outs['magiattn'].float() - outs[ref].float()).abs().max().item():.1e} {ref}"
-            print(f"{name:<22}{seqlen:>7}{100 * mask.area() / seqlen**2:>7.1f}{row['magiattn']:>10.1f}"
-                  f"{cell('ffa')}{cell('cudnn')}{cell('flash')}{cell('flex')} {ratio('ffa')}"
-                  f"{ratio('cudnn')}{ratio('flex')}  {check}",
-                  flush=True)
+            print(row_line(name, seqlen, 100 * mask.area() / seqlen**2, row, check), flush=True)
     return 0
 
 

@@ -1,5 +1,5 @@
-"""bench/ab_table.py on outputs in bench/gpu_attention_bench.py's row format (written here with
-the same format strings), without a GPU."""
+"""bench/ab_table.py on outputs in bench/gpu_attention_bench.py's row format (its header and
+row_line, which the bench prints with), without a GPU."""
 import os
 import sys
 
@@ -11,15 +11,14 @@ import ab_table  # noqa: E402
 
 
 def row(name, seqlen, magi, ffa=None, cudnn=None, check="-"):
-    cell = lambda x: f"{x:8.1f}" if x is not None else f"{'-':>8}"
-    ratio = lambda x: f"{magi / x:7.2f}" if x is not None else f"{'-':>7}"
-    return (f"{name:<22}{seqlen:>7}{100.0:>7.1f}{magi:>10.1f}{cell(ffa)}{cell(cudnn)}{cell(None)}"
-            f"{cell(None)} {ratio(ffa)}{ratio(cudnn)}{ratio(None)}  {check}")
+    tflops = {"magiattn": magi, "ffa": ffa, "cudnn": cudnn}
+    return ab_table.row_line(name, seqlen, 100.0,
+                             {k: v for k, v in tflops.items() if v is not None}, check)
 
 
 OLD = "\n".join([
     "# NVIDIA H200, torch 2.11, bf16, Hq 32, Hkv 8, D 128; TFLOP/s ...",
-    "mask                   tokens  area%  magiattn     ffa   cudnn   flash    flex    /ffa /cudnn  /flex  max|diff| vs",
+    ab_table.header(),
     row("full", 65536, 599.0, ffa=620.0, cudnn=590.0, check="1.9e-03 cudnn"),
     "  flash: No available kernel",
     row("varlen-full", 65536, 570.0, ffa=550.0),
