@@ -182,9 +182,7 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
     for (int i = 0; i < kStages; ++i) {
       TxBarrier::init(&s.k_full[i], 1);
       TxBarrier::init(&s.v_full[i], 1);
-      // One arrive a consumer warpgroup (its leader, release_k), as v_empty: each arrive is an
-      // event that wakes the producer's wait (it was 256 a block, one a thread).
-      Barrier::init(&s.k_empty[i], C::kWarpgroups);
+      Barrier::init(&s.k_empty[i], C::kConsumerThreads);  // each reader of info[i] (release_k)
       Barrier::init(&s.v_empty[i], C::kWarpgroups);
     }
     for (int i = 0; i < kStages; ++i) Barrier::init(&s.v_ready[i], 1);
@@ -594,14 +592,13 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
           }
         }
     };
-    // K's stage (and its info) back to the producer, by the leader alone: the warpgroup's Q K^T
-    // has completed (a wgmma group completes for the whole warpgroup), and every thread of it
-    // read info before the named barrier of its turn, which orders those reads before the
-    // leader's arrive (bar.sync: what a participant did before it happens before what any
-    // participant does after).
-    auto release_k = [&](int stage) {
-      if (leader) Barrier::arrive(&s.k_empty[stage]);
-    };
+    // K's stage (and its info) back to the producer by every consumer thread, after its own
+    // read of info (the warpgroup's Q K^T has completed: a wgmma group completes for the whole
+    // warpgroup). One warp instruction, as the leader's arrive would be. The leader alone after
+    // the turn's named barrier would order the reads too, but compute-sanitizer's racecheck
+    // does not follow that chain (bar.sync, then another thread's arrive): it reported 8
+    // hazards on info between the consumers' reads and the producer's next store.
+    auto release_k = [&](int stage) { Barrier::arrive(&s.k_empty[stage]); };
     // Q is free once the tile's last Q K^T has completed: released there (not after the last
     // P V and the epilogue), so the next item's Q load overlaps them.
     auto release_q_after_last = [&](const detail::BlockInfo& bi) {
