@@ -10,9 +10,9 @@
 FFA's forward is CUTLASS's `device_kernel`, like a short preprocessing kernel of its own: of
 the launches profiled, the long one is the attention.
 
-bf16, Hq:Hkv 32:8 (GQA), a full or causal mask, --calls forward (and backward) calls on the same
-inputs; magiattn and FFA get CUDA range tensors, cuDNN SDPA the same q/k/v as [1, H, N, D]
-views.
+bf16, Hq:Hkv 32:8 (GQA), any benchmark mask (bench_masks.build_mask; cuDNN only full and
+causal), --calls forward (and backward) calls on the same inputs; magiattn and FFA get CUDA range
+tensors, cuDNN SDPA the same q/k/v as [1, H, N, D] views.
 """
 import argparse
 import os
@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_attention_bench import ffa_func, range_tensors  # noqa: E402
+from gpu_attention_bench import build_mask, dense_ok, ffa_func, range_tensors  # noqa: E402
 
 import magiattn  # noqa: E402
 from magiattn import masks  # noqa: E402
@@ -32,12 +32,14 @@ from magiattn import masks  # noqa: E402
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--impl", choices=["magiattn", "ffa", "cudnn"], default="magiattn")
-    ap.add_argument("--mask", choices=["full", "causal"], default="full")
+    ap.add_argument("--mask", choices=masks.family_names(), default="full")
     ap.add_argument("--seqlen", type=int, default=16384)
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--backward", action="store_true")
     ap.add_argument("--calls", type=int, default=2)
     args = ap.parse_args()
+    if args.impl == "cudnn" and not dense_ok(args.mask):
+        ap.error(f"--impl cudnn runs only the full and causal masks, not '{args.mask}'")
     if not torch.cuda.is_available():
         print("no CUDA device: nothing to run")
         return
@@ -46,7 +48,7 @@ def main() -> None:
     q, k, v = (torch.randn(n, h, d, device="cuda", dtype=torch.bfloat16, generator=g)
                .requires_grad_(args.backward) for h in (32, 8, 8))
     dout = torch.randn(n, 32, d, device="cuda", dtype=torch.bfloat16, generator=g)
-    m = masks.causal(n, n) if causal else masks.full(n, n)
+    m = build_mask(args.mask, n)
     r = range_tensors(m, "cuda")
     ffa = ffa_func() if args.impl == "ffa" else None
     if args.impl == "ffa" and ffa is None:
