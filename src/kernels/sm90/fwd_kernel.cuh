@@ -371,7 +371,7 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
   // From a shuffle, so ptxas knows it is warp-uniform and keeps what derives from it (Q's wgmma
   // descriptors, the barrier ids, the BlockInfo flag bit) in uniform registers.
   const int wg = __shfl_sync(0xffffffff, ctid / 128, 0);  // which 64 rows of the tile
-  const bool leader = ctid % 128 == 0;   // arrives on the empty barriers for its warpgroup
+  const bool leader = ctid % 128 == 0;   // arrives on v_empty and q_empty for its warpgroup
   typename C::MmaQK mma_qk;
   typename C::MmaPV mma_pv;
   auto thr_qk = mma_qk.get_thread_slice(ctid);
