@@ -36,6 +36,24 @@ def band(t: int, q0: int, q1: int, k0: int, k1: int) -> tuple:
     return lo, hi
 
 
+def joined(pieces: list) -> list:
+    """The host's join_pieces along rows (work_list.cc): pieces with the same keys and band
+    over adjacent rows become one, in its first member's place."""
+    out = {}  # first member's index -> piece
+    last = None
+    for i in sorted(range(len(pieces)), key=lambda i: (pieces[i][2:], pieces[i][0])):
+        p = pieces[i]
+        if last is not None and out[last][2:] == p[2:] and out[last][1] == p[0]:
+            q = (out[last][0], p[1]) + p[2:]
+            del out[last]
+            last = min(last, i)
+            out[last] = q
+        else:
+            last = i
+            out[i] = p
+    return [out[i] for i in sorted(out)]
+
+
 def key_tiles(mask) -> list:
     """Per key tile, the row ranges (q0, q1) of its pieces, tiles sorted heavy first."""
     nt = (mask.total_seqlen_k + BN - 1) // BN
@@ -48,7 +66,8 @@ def key_tiles(mask) -> list:
             b = min((ti + 1) * BN, k1, q1 + hi)
             r0, r1 = max(q0, a - hi), min(q1, b - lo)
             if a < b and hi >= lo and r0 < r1:
-                per[ti].append((r0, r1))
+                per[ti].append((r0, r1, a, b, lo, hi))
+    per = [[p[:2] for p in joined(ps)] for ps in per]
     blocks = lambda ps: sum((r1 - r0 // BM * BM + BM - 1) // BM for r0, r1 in ps)  # noqa: E731
     return sorted(per, key=lambda ps: -blocks(ps))  # stable, as the host's sort
 

