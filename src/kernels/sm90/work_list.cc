@@ -14,54 +14,55 @@ std::int32_t clamp_band(std::int64_t x) {
   return std::int32_t(std::clamp<std::int64_t>(x, -kBandClamp, kBandClamp));
 }
 
+// One pass of join_pieces along rows (same band and keys, adjacent rows) or along keys (same
+// band and rows, adjacent keys); true when it joined any. `order` is scratch.
+bool join_pass(std::vector<Piece>& ps, bool along_rows, std::vector<std::uint32_t>& order) {
+  // Sorted by band, then the range joinable pieces share, then where the other one starts, a
+  // run of joinable pieces is consecutive.
+  auto key = [&](const Piece& p) {
+    return along_rows ? std::array{p.lo, p.hi, p.k0, p.k1, p.q0}
+                      : std::array{p.lo, p.hi, p.q0, p.q1, p.k0};
+  };
+  order.resize(ps.size());
+  std::iota(order.begin(), order.end(), 0u);
+  auto before = [&](std::uint32_t a, std::uint32_t b) { return key(ps[a]) < key(ps[b]); };
+  if (!std::is_sorted(order.begin(), order.end(), before))  // often so already: slice order
+    std::sort(order.begin(), order.end(), before);
+  bool joined = false;
+  std::uint32_t run = order[0];  // the piece the current run is joined into
+  for (std::size_t i = 1; i < order.size(); ++i) {
+    Piece& into = ps[run];
+    const Piece& p = ps[order[i]];
+    const bool same = along_rows ? (into.k0 == p.k0 && into.k1 == p.k1)
+                                 : (into.q0 == p.q0 && into.q1 == p.q1);
+    const bool next = along_rows ? into.q1 == p.q0 : into.k1 == p.k0;
+    if (!(into.lo == p.lo && into.hi == p.hi && same && next)) {
+      run = order[i];
+      continue;
+    }
+    (along_rows ? into.q1 : into.k1) = along_rows ? p.q1 : p.k1;
+    std::uint32_t j = order[i];  // the joined piece takes the earlier place of the two
+    if (j < run) std::swap(ps[j], ps[run]), std::swap(j, run);
+    ps[j].q0 = ps[j].q1 = 0;  // gone (an empty piece)
+    joined = true;
+  }
+  if (joined)
+    ps.erase(std::remove_if(ps.begin(), ps.end(), [](const Piece& p) { return p.q0 == p.q1; }),
+             ps.end());
+  return joined;
+}
+
 // Joins a tile's pieces that are one piece: the same band and the same keys over adjacent rows
 // (or the same rows over adjacent keys). Their cells are disjoint and their union is the joined
 // piece's, so the walk covers the same cells once, in fewer blocks: documents that share a
 // prefix meet one query tile as one prefix piece instead of one per document (shared-prefix
 // 64k, 128 x 128 blocks: 69288 -> 63400 blocks a head), and the joined rows need no row mask.
-// The survivors keep their first member's place in the list.
-void join_pieces(std::vector<Piece>& ps) {
-  for (bool joined = true; joined && ps.size() > 1;) {
-    joined = false;
-    for (const bool along_rows : {true, false}) {
-      // (band, the range two joinable pieces share, where the other starts)
-      auto key = [&](const Piece& p) {
-        return along_rows ? std::array{p.lo, p.hi, p.k0, p.k1, p.q0}
-                          : std::array{p.lo, p.hi, p.q0, p.q1, p.k0};
-      };
-      std::vector<std::size_t> order(ps.size());
-      std::iota(order.begin(), order.end(), std::size_t(0));
-      std::sort(order.begin(), order.end(),
-                [&](std::size_t a, std::size_t b) { return key(ps[a]) < key(ps[b]); });
-      std::vector<bool> gone(ps.size(), false);
-      std::size_t run = order[0];  // the piece the current run is joined into
-      for (std::size_t i = 1; i < order.size(); ++i) {
-        Piece& into = ps[run];
-        const Piece& p = ps[order[i]];
-        const bool same = along_rows ? (into.k0 == p.k0 && into.k1 == p.k1)
-                                     : (into.q0 == p.q0 && into.q1 == p.q1);
-        const bool next = along_rows ? into.q1 == p.q0 : into.k1 == p.k0;
-        if (into.lo == p.lo && into.hi == p.hi && same && next) {
-          (along_rows ? into.q1 : into.k1) = along_rows ? p.q1 : p.k1;
-          const std::size_t j = order[i];  // the joined piece takes the earlier place
-          if (j < run) {
-            ps[j] = into;
-            gone[run] = true;
-            run = j;
-          } else {
-            gone[j] = true;
-          }
-          joined = true;
-        } else {
-          run = order[i];
-        }
-      }
-      std::size_t out = 0;
-      for (std::size_t i = 0; i < ps.size(); ++i)
-        if (!gone[i]) ps[out++] = ps[i];
-      ps.resize(out);
-    }
-  }
+// The survivors keep their first member's place in the list. A pass along one axis joins all
+// it can (its runs are chained), so the passes alternate until one joins nothing.
+void join_pieces(std::vector<Piece>& ps, std::vector<std::uint32_t>& order) {
+  bool along_rows = true;
+  for (int pass = 0; ps.size() > 1; ++pass, along_rows = !along_rows)
+    if (!join_pass(ps, along_rows, order) && pass > 0) break;
 }
 
 }  // namespace
@@ -99,9 +100,10 @@ WorkList make_work_list(const Mask& mask, std::int32_t block_m, std::int32_t blo
   w.axis = axis;
   w.block_m = block_m;
   w.block_n = block_n;
+  std::vector<std::uint32_t> order;  // join_pieces' scratch
   for (std::int64_t t = 0; t < num_tiles; ++t) {
     auto& ps = per_tile[std::size_t(t)];
-    join_pieces(ps);
+    join_pieces(ps, order);
     // A key tile's pieces from the last rows up (the kernel walks each piece's query blocks
     // from its last down): every key tile then visits rows in one descending order, so in
     // deterministic mode the CTAs of a wave meet each block in its tickets' order instead of
