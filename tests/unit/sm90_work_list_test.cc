@@ -13,6 +13,7 @@
 #include "kernels/sm90/work_list.h"
 #include "magi/error.h"
 #include "magi/mask_builders.h"
+#include "magi/mask_families.h"
 #include "seed.h"
 
 namespace magi::kernels::sm90 {
@@ -132,6 +133,12 @@ TEST(Sm90WorkList, PiecesThatAreOnePieceAreJoined) {
   const Mask bands(128, 128, {Slice{{0, 64}, {0, 64}, MaskType::kCausal},
                               Slice{{64, 128}, {0, 64}, MaskType::kFull}});
   EXPECT_EQ(make_work_list(bands, 128, 128).pieces.size(), 2u);
+  // The benchmark's shared-prefix mask at 16k (docs/benchmarks.md, seventh session): 4809
+  // blocks a head before the join, the prefix walked once per document in a straddling tile.
+  FamilySpec spec;
+  spec.family = "shared-prefix";
+  spec.seqlen = 16384;
+  EXPECT_EQ(make_work_list(build_family(spec), 128, 128).total_blocks, 4265);
 }
 
 TEST(Sm90WorkList, TilesThatSeeNothingComeLast) {
