@@ -51,6 +51,7 @@
 #include <cutlass/arch/reg_reconfig.h>
 #include <cutlass/numeric_types.h>
 
+#include "exp2_fma.h"
 #include "fwd_device.cuh"
 #include "fwd_params.h"
 
@@ -62,6 +63,12 @@
 // (-DMAGI_FWD_PREFETCH=0 turns it off; docs/benchmarks.md has the A/B).
 #ifndef MAGI_FWD_PREFETCH
 #define MAGI_FWD_PREFETCH 4
+#endif
+
+// At D 64, one score column in MAGI_FWD_FMA_EXP_EVERY takes its exponential on the FMA pipe
+// (detail::exp2_fma) instead of the MUFU (0: none); a build knob for measuring.
+#ifndef MAGI_FWD_FMA_EXP_EVERY
+#define MAGI_FWD_FMA_EXP_EVERY 0
 #endif
 
 namespace magi::kernels::sm90 {
@@ -87,6 +94,9 @@ struct FwdConfig {
   // registers allow: at D 128. At D 64 (160 registers) the second P spilled, above D 128
   // ptxas serialized the wgmma; with one P, the late rescale measured 1-3 % slower at D 64.
   static constexpr bool kTwoP = kD == 128;
+  // Columns whose exponential runs on the FMA pipe: one in kFmaExpEvery (0: none), at D 64,
+  // where the MUFU's cycles equal the tensor cores' (exp2_fma.h).
+  static constexpr int kFmaExpEvery = kD == 64 ? MAGI_FWD_FMA_EXP_EVERY : 0;
   static_assert(kProducerRegs * 128 + kConsumerRegs * kConsumerThreads <=
                 65536 / kThreads / 8 * 8 * kThreads);
   using BM = cute::Int<kBlockM>;
@@ -484,6 +494,14 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
       // a row, the quad exchanges of all rows together, then the exponentials.
       constexpr int kCols = decltype(size<1>(S))::value;
       static_assert(kCols % 2 == 0);
+      // Column jj's exponential (jj is a constant after unrolling): the MUFU's, or the FMA
+      // pipe's for one column in C::kFmaExpEvery.
+      auto ex2 = [](int jj, float x) CUTLASS_LAMBDA_FUNC_INLINE {
+        if constexpr (C::kFmaExpEvery > 0) {
+          if (jj % C::kFmaExpEvery == C::kFmaExpEvery - 1) return detail::exp2_fma(x);
+        }
+        return detail::exp2_approx(x);
+      };
       float mx[kRows];
       CUTE_UNROLL
       for (int i = 0; i < kRows; ++i) {
@@ -506,13 +524,13 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
         m[i] = mx[i];
         const float m_use = m[i] * su;  // log2 units, finite
         // Each row's two sums start from its first pair (0 + P is P: two adds a row fewer).
-        S(i, 0) = detail::exp2_approx(fmaf(S(i, 0), su, -m_use));
-        S(i, 1) = detail::exp2_approx(fmaf(S(i, 1), su, -m_use));
+        S(i, 0) = ex2(0, fmaf(S(i, 0), su, -m_use));
+        S(i, 1) = ex2(1, fmaf(S(i, 1), su, -m_use));
         float sum0 = S(i, 0), sum1 = S(i, 1);
         CUTE_UNROLL
         for (int jj = 2; jj < kCols; jj += 2) {
-          S(i, jj) = detail::exp2_approx(fmaf(S(i, jj), su, -m_use));
-          S(i, jj + 1) = detail::exp2_approx(fmaf(S(i, jj + 1), su, -m_use));
+          S(i, jj) = ex2(jj, fmaf(S(i, jj), su, -m_use));
+          S(i, jj + 1) = ex2(jj + 1, fmaf(S(i, jj + 1), su, -m_use));
           sum0 += S(i, jj);
           sum1 += S(i, jj + 1);
         }
