@@ -70,6 +70,11 @@
 #ifndef MAGI_FWD_FMA_EXP_EVERY
 #define MAGI_FWD_FMA_EXP_EVERY 0
 #endif
+// 0: at D 64 the three consumer warpgroups issue their products without the round-robin
+// token (the tensor cores take them in arrival order); a build knob for measuring.
+#ifndef MAGI_FWD_D64_TOKEN
+#define MAGI_FWD_D64_TOKEN 1
+#endif
 
 namespace magi::kernels::sm90 {
 
@@ -97,6 +102,8 @@ struct FwdConfig {
   // Columns whose exponential runs on the FMA pipe: one in kFmaExpEvery (0: none), at D 64,
   // where the MUFU's cycles equal the tensor cores' (exp2_fma.h).
   static constexpr int kFmaExpEvery = kD == 64 ? MAGI_FWD_FMA_EXP_EVERY : 0;
+  // The consumers pass a token to order their wgmma issue (below); at D 64 a build knob.
+  static constexpr bool kToken = kD != 64 || MAGI_FWD_D64_TOKEN;
   static_assert(kProducerRegs * 128 + kConsumerRegs * kConsumerThreads <=
                 65536 / kThreads / 8 * 8 * kThreads);
   using BM = cute::Int<kBlockM>;
@@ -423,7 +430,13 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
   constexpr int kPair = 256;
   const int my_bar = 1 + wg;
   const int next_bar = 1 + (wg + 1) % C::kWarpgroups;
-  if (wg == C::kWarpgroups - 1) detail::named_arrive(1, kPair);
+  auto take_token = [&] {
+    if constexpr (C::kToken) detail::named_sync(my_bar, kPair);
+  };
+  auto pass_token = [&] {
+    if constexpr (C::kToken) detail::named_arrive(next_bar, kPair);
+  };
+  if (C::kToken && wg == C::kWarpgroups - 1) detail::named_arrive(1, kPair);
 
   int blk = 0, q_uses = 0;  // key blocks and Q tiles consumed (the producer's counts)
   unsigned ready_phases = 0;
@@ -696,9 +709,9 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
       detail::Ring r = detail::ring<kStages>(blk++);
       TxBarrier::wait(&s.k_full[r.stage], r.phase);
       detail::BlockInfo bi = s.info[r.stage];
-      detail::named_sync(my_bar, kPair);
+      take_token();
       issue_qk(r.stage);
-      detail::named_arrive(next_bar, kPair);
+      pass_token();
       warpgroup_wait<0>();
       warpgroup_fence_operand(tSrS);
       poison_rows(bi);
@@ -731,11 +744,11 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
           rescale_o_if_moved(corr);
         }
         bi = s.info[r.stage];
-        detail::named_sync(my_bar, kPair);
+        take_token();
         issue_qk(r.stage);
         wait_v(prev, prev_fixed);
         issue_pv(prev.stage, p_prev);
-        detail::named_arrive(next_bar, kPair);
+        pass_token();
         pending = prev.stage;
         warpgroup_wait<1>();  // S of this block; the P V may still run
         warpgroup_fence_operand(tSrS);
