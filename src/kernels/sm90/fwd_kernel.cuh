@@ -85,8 +85,14 @@ struct FwdConfig {
   static constexpr int kBlockN = fwd_block_n(kD);
   static constexpr int kConsumerThreads = 128 * kWarpgroups;
   static constexpr int kThreads = 128 + kConsumerThreads;
+  // 192-key blocks at D 64 (MAGI_FWD_D64_BN): S is 96 registers a thread, so P cannot also
+  // stay in registers for the P V product (ptxas spilled 512 bytes a thread at 160): it goes
+  // to shared memory (stmatrix) and P V reads both operands there, as FlashAttention-3 does.
+  static constexpr bool kPSmem = kD == 64 && kBlockN > 128;
+  static constexpr int kPBytes = kPSmem ? kBlockM * kBlockN * int(sizeof(T)) : 0;
   // K/V ring depth: 3 where it fits in the 227 KB of shared memory (D 192 and 256 take 2).
-  static constexpr int kStages = kD * (kBlockM + 3 * 2 * kBlockN) * int(sizeof(T)) <= 224 * 1024 ? 3 : 2;
+  static constexpr int kStages =
+      kD * (kBlockM + 3 * 2 * kBlockN) * int(sizeof(T)) + kPBytes <= 224 * 1024 ? 3 : 2;
   // Key blocks the producer prefetches into L2 ahead of the ring (0: none).
   static constexpr int kPrefetch = MAGI_FWD_PREFETCH;
   // Registers after setmaxnreg, within what the CTA launches with (65536 / kThreads each,
@@ -123,10 +129,17 @@ struct FwdConfig {
       cute::GMMA::ss_op_selector<T, T, float, cute::Shape<BM, BN, HD>>(), WarpGroups{}));
   // P stays in registers (RS wgmma): the S accumulator of 16 columns is exactly the A
   // fragment of one k-step (column pair, row + 8, column + 8), so no shared-memory round trip.
-  using MmaPV = decltype(cute::make_tiled_mma(
+  using MmaPVRegs = decltype(cute::make_tiled_mma(
       cute::GMMA::rs_op_selector<T, T, float, cute::Shape<BM, HD, BN>, cute::GMMA::Major::K,
                                  cute::GMMA::Major::MN>(),
       WarpGroups{}));
+  // With kPSmem, P (rows, keys) in shared memory, K-major like Q.
+  using MmaPVSmem = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<T, T, float, cute::Shape<BM, HD, BN>, cute::GMMA::Major::K,
+                                 cute::GMMA::Major::MN>(),
+      WarpGroups{}));
+  using MmaPV = std::conditional_t<kPSmem, MmaPVSmem, MmaPVRegs>;
+  using LayoutP = decltype(cute::tile_to_shape(AtomK{}, cute::Shape<BM, BN>{}));
 
   // The TMA copy types of Q tiles and K/V blocks (detail::tma_rows builds them per call).
   template <class Smem>
@@ -139,6 +152,7 @@ struct FwdConfig {
     alignas(1024) T q[cute::cosize_v<LayoutQ>];
     alignas(1024) T k[cute::cosize_v<LayoutK>];
     alignas(1024) T v[cute::cosize_v<LayoutV>];
+    alignas(1024) T p[kPSmem ? cute::cosize_v<LayoutP> : 8];  // P (kPSmem)
     // full: the producer's data landed; empty: the consumers are done with the buffer (K and
     // the item slots count every consumer thread, each also hands back its read of info /
     // item; Q and V one arrival per warpgroup after its wgmma completed).
@@ -569,9 +583,21 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
       for (int i = 0; i < kRows; ++i) moved |= corr[i] != 1.f;
       if (__any_sync(0xffffffff, moved)) rescale_o(corr);
     };
+    // P to the wgmma's A operand: its registers, and with C::kPSmem on to shared memory.
     auto convert_p = [&](PTensor& P) CUTLASS_LAMBDA_FUNC_INLINE {
       CUTE_UNROLL
       for (int e = 0; e < size(tSrS); ++e) P(e) = T(tSrS(e));
+      if constexpr (C::kPSmem) {
+        // stmatrix by the accumulator's layout (P's registers viewed as it: element i of both
+        // is element i of tSrS). The buffer is free: this warpgroup's last P V has completed.
+        auto copy_p = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, T>{}, mma_qk);
+        auto thr_copy_p = copy_p.get_thread_slice(ctid);
+        Tensor sP = make_tensor(make_smem_ptr(s.p), typename C::LayoutP{});
+        cute::copy(copy_p, thr_copy_p.retile_S(make_tensor(P.data(), tSrS.layout())),
+                   thr_copy_p.partition_D(sP));
+        cutlass::arch::fence_view_async_shared();  // the stores before the wgmma's reads
+        detail::named_sync(5 + wg, 128);           // the warpgroup's four warps' rows
+      }
     };
     // Q's wgmma descriptors live in uniform registers: thr_qk_a partitions by the warpgroup
     // index from a shuffle, which ptxas knows is warp-uniform (from ctid it built them in
@@ -587,8 +613,15 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
                             true);
     };
     auto issue_pv = [&](int stage, PTensor& P) CUTLASS_LAMBDA_FUNC_INLINE {
-      detail::wg_gemm_issue<true>(mma_pv, P, thr_pv.partition_fragment_B(sVt(_, _, stage)),
-                                  tOrO, false);
+      if constexpr (C::kPSmem) {
+        Tensor tOsP = mma_pv.get_thread_slice(wg * 128).partition_fragment_A(
+            make_tensor(make_smem_ptr(s.p), typename C::LayoutP{}));
+        detail::wg_gemm_issue(mma_pv, tOsP, thr_pv.partition_fragment_B(sVt(_, _, stage)), tOrO,
+                              false);
+      } else {
+        detail::wg_gemm_issue<true>(mma_pv, P, thr_pv.partition_fragment_B(sVt(_, _, stage)),
+                                    tOrO, false);
+      }
     };
 
     // V of a block is ready when its TMA landed, or, for a block the fixer zeroes rows of,
