@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Same-run A/B of sm90 forward build knobs (docs/benchmarks.md, tenth session), on the GPU
+# machine: each NAME=FLAGS argument is built as its own package (CMAKE_CUDA_FLAGS=FLAGS, the
+# kernels of $KERNELS), checked against an fp32 torch reference (bench/knob_check.py), then
+# benchmarked (bench/gpu_attention_bench.py $BENCH_ARGS); the first argument is the baseline
+# and gets MagiAttention's FFA column (../shared/peer set up as .peer, its JIT for the head dim
+# started at once in the background, its workspace saved to $OUT/ffa_ws.tgz). With PROFILE=1,
+# ncu --set full of the baseline's and FFA's forward kernels on full 16k at the head dim.
+#
+#   KERNELS=bf16/64 bash bench/fwd_knob_ab.sh main= e16=-DMAGI_FWD_FMA_EXP_EVERY=16 \
+#       n192=-DMAGI_FWD_D64_BN=192
+#
+# Offline: MAGI_CUTLASS_WHEEL and MAGI_JSON_WHEEL name the pinned wheels (cmake/wheel_headers.cmake).
+set -uo pipefail
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+KERNELS=${KERNELS:-bf16/64}
+D=${HEAD_DIM:-64}
+BENCH_ARGS=${BENCH_ARGS:---reps 5 --inner 3 --seqlens 16384 32768 65536 --masks full causal}
+T0=$(date +%s); t() { echo "[t=$(( $(date +%s) - T0 ))s] $*"; }
+[ $# -ge 1 ] || { echo "usage: $0 NAME=FLAGS [NAME=FLAGS ...]" >&2; exit 2; }
+JIT=
+if [ -d .peer ]; then
+  bash .peer/setup.sh > "$OUT/peer.txt" 2>&1 && . "${PEER_DIR:-/tmp/peer}/env.sh"
+  python3 - "$D" > "$OUT/ffa_jit.txt" 2>&1 <<'PY' &
+import sys, time, torch
+from magi_attention.functional import flex_flash_attn_func as ffa
+d, t = int(sys.argv[1]), time.time()
+q, k, v = (torch.randn(2048, h, d, device="cuda", dtype=torch.bfloat16) for h in (32, 8, 8))
+r = torch.tensor([[0, 2048]], dtype=torch.int32, device="cuda")
+for ty in (0, 1):
+    ffa(q, k, v, r, r, torch.tensor([ty], dtype=torch.int32, device="cuda"))
+torch.cuda.synchronize(); print(f"FFA D {d} ready in {time.time() - t:.0f} s")
+PY
+  JIT=$!
+fi
+names=(); pids=()
+for arg in "$@"; do
+  name=${arg%%=*}; flags=${arg#*=}; names+=("$name")
+  python3 -m pip install -q --no-build-isolation --no-deps --target "/tmp/knob_ab/$name" \
+    -Cbuild-dir="/tmp/knob_ab/build-$name" "-Ccmake.define.MAGI_CUDA_KERNELS=$KERNELS" \
+    ${flags:+"-Ccmake.define.CMAKE_CUDA_FLAGS=$flags"} . > "$OUT/build_$name.txt" 2>&1 &
+  pids+=($!)
+done
+for i in "${!pids[@]}"; do
+  wait "${pids[$i]}" || { echo "build ${names[$i]} failed:"; tail -20 "$OUT/build_${names[$i]}.txt"; exit 1; }
+done
+t built
+with() { local n=$1; shift; PYTHONPATH=/tmp/knob_ab/$n${PYTHONPATH:+:$PYTHONPATH} "$@"; }
+run() {  # run NAME [--no-ffa]
+  echo "== $1"
+  with "$1" python3 bench/knob_check.py --head-dim "$D" || echo "CHECK FAILED: $1"
+  # shellcheck disable=SC2086
+  with "$1" python3 bench/gpu_attention_bench.py --no-flex "${@:2}" --head-dim "$D" $BENCH_ARGS
+  t "$1"
+}
+# The candidates first (no FFA column: they run under FFA's JIT, which uses only the CPU).
+for n in "${names[@]:1}"; do run "$n" --no-ffa; done
+[ -n "$JIT" ] && { wait "$JIT"; tail -1 "$OUT/ffa_jit.txt"; (cd "${PEER_DIR:-/tmp/peer}" && tar czf "$OUT/ffa_ws.tgz" ws); }
+run "${names[0]}"
+if [ "${PROFILE:-0}" = 1 ]; then
+  for impl in magiattn ffa; do
+    k=ffa_fwd_kernel; [ "$impl" = ffa ] && k=device_kernel
+    with "${names[0]}" ncu --set full --import-source no --clock-control none -k "regex:$k" \
+      --launch-count 4 -f -o "/tmp/knob_ab/$impl" python3 bench/profile_one_call.py --impl "$impl" \
+      --mask full --head-dim "$D" --seqlen 16384 > "$OUT/ncu_$impl.txt" 2>&1
+    ncu --import "/tmp/knob_ab/$impl.ncu-rep" --page details > "$OUT/ncu_${impl}_details.txt" 2>&1
+    ncu --import "/tmp/knob_ab/$impl.ncu-rep" --page raw --csv > "$OUT/ncu_${impl}_raw.csv" 2>&1
+    ncu --import "/tmp/knob_ab/$impl.ncu-rep" --page source --csv --print-source sass \
+      > "$OUT/ncu_${impl}_sass.csv" 2>&1
+    grep -E "Duration|Elapsed Cycles|Registers Per|Executed Instructions  |Issue Slots Busy" \
+      "$OUT/ncu_${impl}_details.txt" | head -20
+    t "ncu $impl"
+  done
+fi
+# The candidates again after the baseline (drift).
+for n in "${names[@]:1}"; do run "$n" --no-ffa; done
