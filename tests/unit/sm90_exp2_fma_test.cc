@@ -5,6 +5,7 @@
 // (host/device header, explicit fmaf).
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -25,8 +26,9 @@ TEST(Sm90Exp2Fma, RelativeErrorWithinTheMufuClassOnTheSoftmaxRange) {
     const double rel = std::fabs(got / want - 1.0);
     if (rel > worst) worst = rel, worst_x = x;
   };
-  for (std::uint32_t b = float_to_bits(-0.f); b <= float_to_bits(-8.f); b += 97)
-    check(bits_to_float(b));
+  for (std::uint32_t b = std::bit_cast<std::uint32_t>(-0.f);
+       b <= std::bit_cast<std::uint32_t>(-8.f); b += 97)
+    check(std::bit_cast<float>(b));
   for (float x = -126.f; x <= 0.f; x += 0.0078125f * 1.37f) check(x);
   // ex2.approx.f32: at most 2^-22 (2.4e-7) relative (PTX ISA); the polynomial with fp32 Horner
   // measured 1.9e-7 on a dense grid of [-0.5, 0.5].
@@ -38,7 +40,7 @@ TEST(Sm90Exp2Fma, MaskedAndUnderflowingGiveExactlyZero) {
   const float inf = std::numeric_limits<float>::infinity();
   for (float x : {-inf, -1e30f, -1000.f, -128.f, -127.f, -126.9f, -126.51f}) {
     const float y = exp2_fma(x);
-    EXPECT_EQ(float_to_bits(y), 0u) << "x = " << x << " gave " << y;  // +0, not -0
+    EXPECT_EQ(std::bit_cast<std::uint32_t>(y), 0u) << "x = " << x << " gave " << y;  // +0, not -0
   }
   // From -126.5 on, the result is 2^-126 times 2^f: normal at -126, never 0 above -126.5.
   EXPECT_EQ(exp2_fma(-126.f), std::ldexp(1.f, -126));
@@ -46,8 +48,8 @@ TEST(Sm90Exp2Fma, MaskedAndUnderflowingGiveExactlyZero) {
 }
 
 TEST(Sm90Exp2Fma, IntegersAreExactPowersOfTwoAndZeroIsOne) {
-  EXPECT_EQ(float_to_bits(exp2_fma(0.f)), float_to_bits(1.f));
-  EXPECT_EQ(float_to_bits(exp2_fma(-0.f)), float_to_bits(1.f));
+  EXPECT_EQ(std::bit_cast<std::uint32_t>(exp2_fma(0.f)), std::bit_cast<std::uint32_t>(1.f));
+  EXPECT_EQ(std::bit_cast<std::uint32_t>(exp2_fma(-0.f)), std::bit_cast<std::uint32_t>(1.f));
   for (int n = -126; n <= 0; ++n) EXPECT_EQ(exp2_fma(float(n)), std::ldexp(1.f, n)) << n;
 }
 

@@ -14,9 +14,9 @@
 // - +inf gives NaN (only from an infinite logit, whose row is NaN anyway: docs/numerics.md).
 #pragma once
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 
 #if defined(__CUDACC__)
 #define MAGI_HD __host__ __device__ __forceinline__
@@ -25,26 +25,6 @@
 #endif
 
 namespace magi::kernels::sm90::detail {
-
-MAGI_HD float bits_to_float(std::uint32_t b) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(b);
-#else
-  float f;
-  std::memcpy(&f, &b, 4);
-  return f;
-#endif
-}
-
-MAGI_HD std::uint32_t float_to_bits(float f) {
-#if defined(__CUDA_ARCH__)
-  return __float_as_uint(f);
-#else
-  std::uint32_t b;
-  std::memcpy(&b, &f, 4);
-  return b;
-#endif
-}
 
 // max(x, lo) that keeps a NaN x (fmaxf would return lo).
 MAGI_HD float max_keep_nan(float x, float lo) {
@@ -73,7 +53,7 @@ MAGI_HD float exp2_fma(float x) {
   p = fmaf(p, f, 1.f);
   // round(x) + 127 in the exponent field: t's low bits hold round(x) (two's complement within
   // the mantissa), shifted up 23 they are its exponent offset; 0 at round(x) = -127.
-  return p * bits_to_float((float_to_bits(t) << 23) + 0x3f800000u);
+  return p * std::bit_cast<float>((std::bit_cast<std::uint32_t>(t) << 23) + 0x3f800000u);
 }
 
 }  // namespace magi::kernels::sm90::detail
