@@ -189,9 +189,8 @@ struct BlockInfo {
   int kb, flags;
 };
 
-// Bits [kb, kb + live) of one head's row flags (live <= 32 kBadWords, the rest 0), read by a
-// whole warp (lane i loads word kb / 32 + i; the flag array has kBadWords + 1 words of padding
-// per head).
+// Bits [kb, kb + live) of one head's row flags (live <= 128, the rest 0), read by a whole warp
+// (lane i loads word kb / 32 + i; the flag array has kBadWords + 1 words of padding per head).
 __device__ inline void block_row_flags(const unsigned* head_flags, int kb, int live, int lane,
                                        unsigned (&out)[kBadWords]) {
   const int sh = kb & 31;

@@ -51,7 +51,6 @@
 #include <cutlass/arch/reg_reconfig.h>
 #include <cutlass/numeric_types.h>
 
-#include "exp2_fma.h"
 #include "fwd_device.cuh"
 #include "fwd_params.h"
 
@@ -65,17 +64,6 @@
 #define MAGI_FWD_PREFETCH 4
 #endif
 
-// At D 64, one score column in MAGI_FWD_FMA_EXP_EVERY takes its exponential on the FMA pipe
-// (detail::exp2_fma) instead of the MUFU (0: none); a build knob for measuring.
-#ifndef MAGI_FWD_FMA_EXP_EVERY
-#define MAGI_FWD_FMA_EXP_EVERY 0
-#endif
-// 0: at D 64 the three consumer warpgroups issue their products without the round-robin
-// token (the tensor cores take them in arrival order); a build knob for measuring.
-#ifndef MAGI_FWD_D64_TOKEN
-#define MAGI_FWD_D64_TOKEN 1
-#endif
-
 namespace magi::kernels::sm90 {
 
 template <class T, int kD, bool kRewrite>
@@ -85,14 +73,8 @@ struct FwdConfig {
   static constexpr int kBlockN = fwd_block_n(kD);
   static constexpr int kConsumerThreads = 128 * kWarpgroups;
   static constexpr int kThreads = 128 + kConsumerThreads;
-  // 192-key blocks at D 64 (MAGI_FWD_D64_BN): S is 96 registers a thread, so P cannot also
-  // stay in registers for the P V product (ptxas spilled 512 bytes a thread at 160): it goes
-  // to shared memory (stmatrix) and P V reads both operands there, as FlashAttention-3 does.
-  static constexpr bool kPSmem = kD == 64 && kBlockN > 128;
-  static constexpr int kPBytes = kPSmem ? kBlockM * kBlockN * int(sizeof(T)) : 0;
   // K/V ring depth: 3 where it fits in the 227 KB of shared memory (D 192 and 256 take 2).
-  static constexpr int kStages =
-      kD * (kBlockM + 3 * 2 * kBlockN) * int(sizeof(T)) + kPBytes <= 224 * 1024 ? 3 : 2;
+  static constexpr int kStages = kD * (kBlockM + 3 * 2 * kBlockN) * int(sizeof(T)) <= 224 * 1024 ? 3 : 2;
   // Key blocks the producer prefetches into L2 ahead of the ring (0: none).
   static constexpr int kPrefetch = MAGI_FWD_PREFETCH;
   // Registers after setmaxnreg, within what the CTA launches with (65536 / kThreads each,
@@ -105,11 +87,6 @@ struct FwdConfig {
   // registers allow: at D 128. At D 64 (160 registers) the second P spilled, above D 128
   // ptxas serialized the wgmma; with one P, the late rescale measured 1-3 % slower at D 64.
   static constexpr bool kTwoP = kD == 128;
-  // Columns whose exponential runs on the FMA pipe: one in kFmaExpEvery (0: none), at D 64,
-  // where the MUFU's cycles equal the tensor cores' (exp2_fma.h).
-  static constexpr int kFmaExpEvery = kD == 64 ? MAGI_FWD_FMA_EXP_EVERY : 0;
-  // The consumers pass a token to order their wgmma issue (below); at D 64 a build knob.
-  static constexpr bool kToken = kD != 64 || MAGI_FWD_D64_TOKEN;
   static_assert(kProducerRegs * 128 + kConsumerRegs * kConsumerThreads <=
                 65536 / kThreads / 8 * 8 * kThreads);
   using BM = cute::Int<kBlockM>;
@@ -129,17 +106,10 @@ struct FwdConfig {
       cute::GMMA::ss_op_selector<T, T, float, cute::Shape<BM, BN, HD>>(), WarpGroups{}));
   // P stays in registers (RS wgmma): the S accumulator of 16 columns is exactly the A
   // fragment of one k-step (column pair, row + 8, column + 8), so no shared-memory round trip.
-  using MmaPVRegs = decltype(cute::make_tiled_mma(
+  using MmaPV = decltype(cute::make_tiled_mma(
       cute::GMMA::rs_op_selector<T, T, float, cute::Shape<BM, HD, BN>, cute::GMMA::Major::K,
                                  cute::GMMA::Major::MN>(),
       WarpGroups{}));
-  // With kPSmem, P (rows, keys) in shared memory, K-major like Q.
-  using MmaPVSmem = decltype(cute::make_tiled_mma(
-      cute::GMMA::ss_op_selector<T, T, float, cute::Shape<BM, HD, BN>, cute::GMMA::Major::K,
-                                 cute::GMMA::Major::MN>(),
-      WarpGroups{}));
-  using MmaPV = std::conditional_t<kPSmem, MmaPVSmem, MmaPVRegs>;
-  using LayoutP = decltype(cute::tile_to_shape(AtomK{}, cute::Shape<BM, BN>{}));
 
   // The TMA copy types of Q tiles and K/V blocks (detail::tma_rows builds them per call).
   template <class Smem>
@@ -152,7 +122,6 @@ struct FwdConfig {
     alignas(1024) T q[cute::cosize_v<LayoutQ>];
     alignas(1024) T k[cute::cosize_v<LayoutK>];
     alignas(1024) T v[cute::cosize_v<LayoutV>];
-    alignas(1024) T p[kPSmem ? cute::cosize_v<LayoutP> : 8];  // P (kPSmem)
     // full: the producer's data landed; empty: the consumers are done with the buffer (K and
     // the item slots count every consumer thread, each also hands back its read of info /
     // item; Q and V one arrival per warpgroup after its wgmma completed).
@@ -444,13 +413,7 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
   constexpr int kPair = 256;
   const int my_bar = 1 + wg;
   const int next_bar = 1 + (wg + 1) % C::kWarpgroups;
-  auto take_token = [&] {
-    if constexpr (C::kToken) detail::named_sync(my_bar, kPair);
-  };
-  auto pass_token = [&] {
-    if constexpr (C::kToken) detail::named_arrive(next_bar, kPair);
-  };
-  if (C::kToken && wg == C::kWarpgroups - 1) detail::named_arrive(1, kPair);
+  if (wg == C::kWarpgroups - 1) detail::named_arrive(1, kPair);
 
   int blk = 0, q_uses = 0;  // key blocks and Q tiles consumed (the producer's counts)
   unsigned ready_phases = 0;
@@ -521,14 +484,6 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
       // a row, the quad exchanges of all rows together, then the exponentials.
       constexpr int kCols = decltype(size<1>(S))::value;
       static_assert(kCols % 2 == 0);
-      // Column jj's exponential (jj is a constant after unrolling): the MUFU's, or the FMA
-      // pipe's for one column in C::kFmaExpEvery.
-      auto ex2 = [](int jj, float x) CUTLASS_LAMBDA_FUNC_INLINE {
-        if constexpr (C::kFmaExpEvery > 0) {
-          if (jj % C::kFmaExpEvery == C::kFmaExpEvery - 1) return detail::exp2_fma(x);
-        }
-        return detail::exp2_approx(x);
-      };
       float mx[kRows];
       CUTE_UNROLL
       for (int i = 0; i < kRows; ++i) {
@@ -551,13 +506,13 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
         m[i] = mx[i];
         const float m_use = m[i] * su;  // log2 units, finite
         // Each row's two sums start from its first pair (0 + P is P: two adds a row fewer).
-        S(i, 0) = ex2(0, fmaf(S(i, 0), su, -m_use));
-        S(i, 1) = ex2(1, fmaf(S(i, 1), su, -m_use));
+        S(i, 0) = detail::exp2_approx(fmaf(S(i, 0), su, -m_use));
+        S(i, 1) = detail::exp2_approx(fmaf(S(i, 1), su, -m_use));
         float sum0 = S(i, 0), sum1 = S(i, 1);
         CUTE_UNROLL
         for (int jj = 2; jj < kCols; jj += 2) {
-          S(i, jj) = ex2(jj, fmaf(S(i, jj), su, -m_use));
-          S(i, jj + 1) = ex2(jj + 1, fmaf(S(i, jj + 1), su, -m_use));
+          S(i, jj) = detail::exp2_approx(fmaf(S(i, jj), su, -m_use));
+          S(i, jj + 1) = detail::exp2_approx(fmaf(S(i, jj + 1), su, -m_use));
           sum0 += S(i, jj);
           sum1 += S(i, jj + 1);
         }
@@ -583,21 +538,9 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
       for (int i = 0; i < kRows; ++i) moved |= corr[i] != 1.f;
       if (__any_sync(0xffffffff, moved)) rescale_o(corr);
     };
-    // P to the wgmma's A operand: its registers, and with C::kPSmem on to shared memory.
     auto convert_p = [&](PTensor& P) CUTLASS_LAMBDA_FUNC_INLINE {
       CUTE_UNROLL
       for (int e = 0; e < size(tSrS); ++e) P(e) = T(tSrS(e));
-      if constexpr (C::kPSmem) {
-        // stmatrix by the accumulator's layout (P's registers viewed as it: element i of both
-        // is element i of tSrS). The buffer is free: this warpgroup's last P V has completed.
-        auto copy_p = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, T>{}, mma_qk);
-        auto thr_copy_p = copy_p.get_thread_slice(ctid);
-        Tensor sP = make_tensor(make_smem_ptr(s.p), typename C::LayoutP{});
-        cute::copy(copy_p, thr_copy_p.retile_S(make_tensor(P.data(), tSrS.layout())),
-                   thr_copy_p.partition_D(sP));
-        cutlass::arch::fence_view_async_shared();  // the stores before the wgmma's reads
-        detail::named_sync(5 + wg, 128);           // the warpgroup's four warps' rows
-      }
     };
     // Q's wgmma descriptors live in uniform registers: thr_qk_a partitions by the warpgroup
     // index from a shuffle, which ptxas knows is warp-uniform (from ctid it built them in
@@ -613,15 +556,8 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
                             true);
     };
     auto issue_pv = [&](int stage, PTensor& P) CUTLASS_LAMBDA_FUNC_INLINE {
-      if constexpr (C::kPSmem) {
-        Tensor tOsP = mma_pv.get_thread_slice(wg * 128).partition_fragment_A(
-            make_tensor(make_smem_ptr(s.p), typename C::LayoutP{}));
-        detail::wg_gemm_issue(mma_pv, tOsP, thr_pv.partition_fragment_B(sVt(_, _, stage)), tOrO,
-                              false);
-      } else {
-        detail::wg_gemm_issue<true>(mma_pv, P, thr_pv.partition_fragment_B(sVt(_, _, stage)),
-                                    tOrO, false);
-      }
+      detail::wg_gemm_issue<true>(mma_pv, P, thr_pv.partition_fragment_B(sVt(_, _, stage)),
+                                  tOrO, false);
     };
 
     // V of a block is ready when its TMA landed, or, for a block the fixer zeroes rows of,
@@ -742,9 +678,9 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
       detail::Ring r = detail::ring<kStages>(blk++);
       TxBarrier::wait(&s.k_full[r.stage], r.phase);
       detail::BlockInfo bi = s.info[r.stage];
-      take_token();
+      detail::named_sync(my_bar, kPair);
       issue_qk(r.stage);
-      pass_token();
+      detail::named_arrive(next_bar, kPair);
       warpgroup_wait<0>();
       warpgroup_fence_operand(tSrS);
       poison_rows(bi);
@@ -777,11 +713,11 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
           rescale_o_if_moved(corr);
         }
         bi = s.info[r.stage];
-        take_token();
+        detail::named_sync(my_bar, kPair);
         issue_qk(r.stage);
         wait_v(prev, prev_fixed);
         issue_pv(prev.stage, p_prev);
-        pass_token();
+        detail::named_arrive(next_bar, kPair);
         pending = prev.stage;
         warpgroup_wait<1>();  // S of this block; the P V may still run
         warpgroup_fence_operand(tSrS);

@@ -28,17 +28,12 @@ inline bool fwd_rewrite(float scale, float softcap) { return softcap > 0.f || sc
 // Keys per block: 128 up to D 128; 96 at D 192 (two K/V stages instead of three with 64, and
 // +11-13 % over 64 on full and causal 16k/32k); 64 at D 256 (80, with two stages both ways,
 // measured 0.65-0.74x cuDNN against 64's 0.90-1.02x). docs/benchmarks.md has the A/Bs.
-// At D 64 a build knob for measuring: 192 (FlashAttention-3's non-causal choice) sends P
-// through shared memory (fwd_kernel.cuh FwdConfig::kPSmem).
-#ifndef MAGI_FWD_D64_BN
-#define MAGI_FWD_D64_BN 128
-#endif
 constexpr int fwd_block_n(int head_dim) {
-  return head_dim > 192 ? 64 : head_dim > 128 ? 96 : head_dim == 64 ? MAGI_FWD_D64_BN : 128;
+  return head_dim > 192 ? 64 : head_dim > 128 ? 96 : 128;
 }
 
-// Words of NaN/inf row flags a key block spans (32 keys per word, blocks of at most 192 keys).
-inline constexpr int kBadWords = 6;
+// Words of NaN/inf row flags a key block spans (32 keys per word, blocks of at most 128 keys).
+inline constexpr int kBadWords = 4;
 
 // The stale word's value for the call after `epoch`: an odd multiplier and a constant make it
 // a bijection with no small or regular fixed values (constexpr: the kernels call it too).
