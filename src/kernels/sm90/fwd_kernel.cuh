@@ -560,13 +560,22 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
                                   tOrO, false);
     };
 
+    // With three consumer warpgroups (D 64) only the first in the turn waits on a block's K and
+    // V barriers: the others take their turn on the same block after it (the token orders
+    // them), so both have landed. Out of the turn's critical section, the two waits' latency
+    // went from three warpgroups' turns to one: +2-6 % at D 64 on an H100, level at D 128 (two
+    // warpgroups), docs/benchmarks.md (eleventh session). The block's info is read after the
+    // token then. FFA's forward does the same.
+    constexpr bool kFirstWaits = C::kWarpgroups == 3;
+    const bool waits = !kFirstWaits || wg == 0;
     // V of a block is ready when its TMA landed, or, for a block the fixer zeroes rows of,
     // when the fixer is done (v_ready advances only on those blocks: a bit per stage).
-    auto wait_v = [&](const detail::Ring& r, bool fixed) {
+    // (only the phase bit is kept where this warpgroup does not wait).
+    auto wait_v = [&](const detail::Ring& r, bool fixed, bool wait = true) {
       if (fixed) {
-        Barrier::wait(&s.v_ready[r.stage], (ready_phases >> r.stage) & 1u);
+        if (wait) Barrier::wait(&s.v_ready[r.stage], (ready_phases >> r.stage) & 1u);
         ready_phases ^= 1u << r.stage;
-      } else {
+      } else if (wait) {
         TxBarrier::wait(&s.v_full[r.stage], r.phase);
       }
     };
@@ -676,9 +685,11 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
       TxBarrier::wait(&s.q_full, q_uses++ & 1);
       float corr[kRows];
       detail::Ring r = detail::ring<kStages>(blk++);
-      TxBarrier::wait(&s.k_full[r.stage], r.phase);
-      detail::BlockInfo bi = s.info[r.stage];
+      if (waits) TxBarrier::wait(&s.k_full[r.stage], r.phase);
+      detail::BlockInfo bi;
+      if (!kFirstWaits) bi = s.info[r.stage];
       detail::named_sync(my_bar, kPair);
+      if (kFirstWaits) bi = s.info[r.stage];
       issue_qk(r.stage);
       detail::named_arrive(next_bar, kPair);
       warpgroup_wait<0>();
@@ -704,7 +715,7 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
       int pending = -1;       // V stage of a P V in flight not yet waited for (-1: none)
       auto step = [&](PTensor& p_prev, PTensor& p_next) CUTLASS_LAMBDA_FUNC_INLINE {
         r = detail::ring<kStages>(blk++);
-        TxBarrier::wait(&s.k_full[r.stage], r.phase);
+        if (waits) TxBarrier::wait(&s.k_full[r.stage], r.phase);
         if constexpr (C::kTwoP) {
           warpgroup_wait<0>();  // the P V issued a step ago, which read p_next
           warpgroup_fence_operand(tOrO);
@@ -712,10 +723,11 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
           if (leader && pending >= 0) Barrier::arrive(&s.v_empty[pending]);
           rescale_o_if_moved(corr);
         }
-        bi = s.info[r.stage];
+        if (!kFirstWaits) bi = s.info[r.stage];
         detail::named_sync(my_bar, kPair);
+        if (kFirstWaits) bi = s.info[r.stage];
         issue_qk(r.stage);
-        wait_v(prev, prev_fixed);
+        wait_v(prev, prev_fixed, waits);
         issue_pv(prev.stage, p_prev);
         detail::named_arrive(next_bar, kPair);
         pending = prev.stage;
