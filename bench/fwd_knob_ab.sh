@@ -11,7 +11,7 @@
 #       n192=-DMAGI_FWD_D64_BN=192
 #
 # FFA_WS names a saved FFA JIT workspace (an earlier run's $OUT/ffa_ws.tgz) to restore first.
-# Offline: MAGI_CUTLASS_WHEEL and MAGI_JSON_WHEEL name the pinned wheels (cmake/wheel_headers.cmake).
+# Offline: MAGI_CUTLASS_WHEEL, MAGI_JSON_WHEEL name the pinned wheels (cmake/wheel_headers.cmake).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 KERNELS=${KERNELS:-bf16/64}
