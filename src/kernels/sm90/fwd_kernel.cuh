@@ -569,8 +569,8 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
     constexpr bool kFirstWaits = C::kWarpgroups == 3;
     const bool waits = !kFirstWaits || wg == 0;
     // V of a block is ready when its TMA landed, or, for a block the fixer zeroes rows of,
-    // when the fixer is done (v_ready advances only on those blocks: a bit per stage).
-    // (only the phase bit is kept where this warpgroup does not wait).
+    // when the fixer is done (v_ready advances only on those blocks: a bit per stage). With
+    // wait false (a warpgroup after the first, above) only that phase bit advances.
     auto wait_v = [&](const detail::Ring& r, bool fixed, bool wait = true) {
       if (fixed) {
         if (wait) Barrier::wait(&s.v_ready[r.stage], (ready_phases >> r.stage) & 1u);
