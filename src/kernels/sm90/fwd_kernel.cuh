@@ -73,8 +73,11 @@ struct FwdConfig {
   static constexpr int kBlockN = fwd_block_n(kD);
   static constexpr int kConsumerThreads = 128 * kWarpgroups;
   static constexpr int kThreads = 128 + kConsumerThreads;
-  // K/V ring depth: 3 where it fits in the 227 KB of shared memory (D 192 and 256 take 2).
-  static constexpr int kStages = kD * (kBlockM + 3 * 2 * kBlockN) * int(sizeof(T)) <= 224 * 1024 ? 3 : 2;
+  // K/V ring depth: 3 where it fits in the 227 KB of shared memory (D 128; D 192 and 256 take
+  // 2), and 2 at D 64 (three consumer warpgroups), where 3 fit too. Same-run A/B on an H200
+  // (docs/benchmarks.md, twelfth session): 2 stages +2-3 % at D 64, -2-7 % at D 128.
+  static constexpr int kStages =
+      kWarpgroups == 2 && kD * (kBlockM + 3 * 2 * kBlockN) * int(sizeof(T)) <= 224 * 1024 ? 3 : 2;
   // Key blocks the producer prefetches into L2 ahead of the ring (0: none).
   static constexpr int kPrefetch = MAGI_FWD_PREFETCH;
   // Registers after setmaxnreg, within what the CTA launches with (65536 / kThreads each,
