@@ -75,7 +75,7 @@ struct FwdConfig {
   static constexpr int kThreads = 128 + kConsumerThreads;
   // K/V ring depth: 3 where it fits in the 227 KB of shared memory (D 128; D 192 and 256 take
   // 2), and 2 at D 64 (three consumer warpgroups), where 3 fit too. Same-run A/B on an H200
-  // (docs/benchmarks.md, twelfth session): 2 stages +2-3 % at D 64, -2-7 % at D 128.
+  // (docs/benchmarks.md, twelfth session): 2 stages +1-3 % at D 64, -7-10 % at D 128.
   static constexpr int kStages =
       kWarpgroups == 2 && kD * (kBlockM + 3 * 2 * kBlockN) * int(sizeof(T)) <= 224 * 1024 ? 3 : 2;
   // Key blocks the producer prefetches into L2 ahead of the ring (0: none).
