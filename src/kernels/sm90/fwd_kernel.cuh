@@ -75,7 +75,7 @@ struct FwdConfig {
   static constexpr int kThreads = 128 + kConsumerThreads;
   // K/V ring depth: 3 where it fits in the 227 KB of shared memory (D 128; D 192 and 256 take
   // 2), and 2 at D 64 (three consumer warpgroups), where 3 fit too. Same-run A/B on an H200
-  // (docs/benchmarks.md, twelfth session): 2 stages +1-3 % at D 64, -7-10 % at D 128.
+  // (docs/benchmarks.md, twelfth session): 2 stages +1-3 % at D 64, -7 to -10 % at D 128.
   static constexpr int kStages =
       kWarpgroups == 2 && kD * (kBlockM + 3 * 2 * kBlockN) * int(sizeof(T)) <= 224 * 1024 ? 3 : 2;
   // Key blocks the producer prefetches into L2 ahead of the ring (0: none).
@@ -571,6 +571,15 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
     // token then. FFA's forward does the same.
     constexpr bool kFirstWaits = C::kWarpgroups == 3;
     const bool waits = !kFirstWaits || wg == 0;
+    // The warpgroup's turn at the tensor cores (the token from the one before it), with the
+    // block's info: read before the turn, or after it where only the first warpgroup waited.
+    auto take_turn = [&](int stage) CUTLASS_LAMBDA_FUNC_INLINE {
+      detail::BlockInfo info;
+      if (!kFirstWaits) info = s.info[stage];
+      detail::named_sync(my_bar, kPair);
+      if (kFirstWaits) info = s.info[stage];
+      return info;
+    };
     // V of a block is ready when its TMA landed, or, for a block the fixer zeroes rows of,
     // when the fixer is done (v_ready advances only on those blocks: a bit per stage). With
     // wait false (a warpgroup after the first, above) only that phase bit advances.
@@ -689,10 +698,7 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
       float corr[kRows];
       detail::Ring r = detail::ring<kStages>(blk++);
       if (waits) TxBarrier::wait(&s.k_full[r.stage], r.phase);
-      detail::BlockInfo bi;
-      if (!kFirstWaits) bi = s.info[r.stage];
-      detail::named_sync(my_bar, kPair);
-      if (kFirstWaits) bi = s.info[r.stage];
+      detail::BlockInfo bi = take_turn(r.stage);
       issue_qk(r.stage);
       detail::named_arrive(next_bar, kPair);
       warpgroup_wait<0>();
@@ -726,9 +732,7 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
           if (leader && pending >= 0) Barrier::arrive(&s.v_empty[pending]);
           rescale_o_if_moved(corr);
         }
-        if (!kFirstWaits) bi = s.info[r.stage];
-        detail::named_sync(my_bar, kPair);
-        if (kFirstWaits) bi = s.info[r.stage];
+        bi = take_turn(r.stage);
         issue_qk(r.stage);
         wait_v(prev, prev_fixed, waits);
         issue_pv(prev.stage, p_prev);
