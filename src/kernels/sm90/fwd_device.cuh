@@ -124,6 +124,41 @@ __device__ inline void named_arrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// A shared-memory wgmma descriptor stepped by one 64-bit add. CUTLASS 4.2's DescriptorIterator
+// adds to the low word and copies the high one, which ptxas turns into a UIADD3 and a UMOV of
+// the high word for every k-step; a 64-bit add is one UIADD3.64, as in FFA's forward (its
+// CUTLASS adds 64 bits). The start address is the low 14 bits: a step never carries out of
+// the low word, so the descriptors are the same.
+struct Desc64 {
+  using reference = cute::GmmaDescriptor;
+  using element_type = cute::GmmaDescriptor;
+  using value_type = cute::GmmaDescriptor;
+  cute::GmmaDescriptor desc_;
+  __device__ reference operator*() const { return desc_; }
+  template <class I>
+  __device__ reference operator[](const I& i) const { return *(*this + i); }
+  template <class I>
+  __device__ Desc64 operator+(const I& offset) const {
+    return {cute::GmmaDescriptor{desc_.desc_ + std::uint64_t(offset)}};
+  }
+};
+// What mma_unpack asks of a descriptor iterator (found by argument-dependent lookup).
+template <class NewT>
+__device__ Desc64 recast_ptr(const Desc64& it) {
+  static_assert(std::is_same_v<NewT, std::uint64_t>, "a descriptor recasts to uint64_t only");
+  return it;
+}
+__device__ inline cute::GmmaDescriptor raw_pointer_cast(const Desc64& it) { return it.desc_; }
+// A descriptor tensor stepped by Desc64 (the forward's K and V operands). Not Q's: ptxas keeps
+// those, the same every key block, in uniform registers as CUTLASS steps them; stepped by
+// Desc64 they were recomputed each block (D 64 loop 459 instructions a block against 457).
+template <class T>
+__device__ auto desc64(const T& t) {
+  static_assert(std::is_same_v<std::decay_t<decltype(t.data())>, cute::GMMA::DescriptorIterator>,
+                "desc64 takes a shared-memory descriptor tensor");
+  return cute::make_tensor(Desc64{t.data().desc_}, t.layout());
+}
+
 // A warpgroup issues its wgmma for C (+)= A B over the K mode as one batch (not waited for).
 // kRegA: A is a register fragment (RS), fenced like the accumulator.
 template <bool kRegA = false, class Mma, class A, class B, class C>

@@ -555,12 +555,12 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
       T* const q_base = kD <= 128 ? s.q : s.q + (stage & (p.num_q >> 31));
       Tensor tSrQ = thr_qk_a.partition_fragment_A(
           make_tensor(make_smem_ptr(q_base), typename C::LayoutQ{}));
-      detail::wg_gemm_issue(mma_qk, tSrQ, thr_qk.partition_fragment_B(sK(_, _, stage)), tSrS,
-                            true);
+      const auto tSrK = detail::desc64(thr_qk.partition_fragment_B(sK(_, _, stage)));
+      detail::wg_gemm_issue(mma_qk, tSrQ, tSrK, tSrS, true);
     };
     auto issue_pv = [&](int stage, PTensor& P) CUTLASS_LAMBDA_FUNC_INLINE {
-      detail::wg_gemm_issue<true>(mma_pv, P, thr_pv.partition_fragment_B(sVt(_, _, stage)),
-                                  tOrO, false);
+      const auto tOrV = detail::desc64(thr_pv.partition_fragment_B(sVt(_, _, stage)));
+      detail::wg_gemm_issue<true>(mma_pv, P, tOrV, tOrO, false);
     };
 
     // With three consumer warpgroups (D 64) only the first in the turn waits on a block's K and
