@@ -128,7 +128,9 @@ __device__ inline void named_arrive(int id, int threads) {
 // adds to the low word and copies the high one, which ptxas turns into a UIADD3 and a UMOV of
 // the high word for every k-step; a 64-bit add is one UIADD3.64, as in FFA's forward (its
 // CUTLASS adds 64 bits). The start address is the low 14 bits: a step never carries out of
-// the low word, so the descriptors are the same.
+// the low word, so the descriptors are the same. The loop: 457 -> 446 instructions a key block
+// at D 64, 492 -> 476 at D 128; same-run A/B on an H100 +1.6 % at D 64, +0.6 % at D 128 (means
+// over 6 cells, docs/benchmarks.md, thirteenth session).
 struct Desc64 {
   using reference = cute::GmmaDescriptor;
   using element_type = cute::GmmaDescriptor;
