@@ -18,6 +18,12 @@ around N of another opcode, one key block a round), then walks one round of it:
 
 Prints each branch and its direction, then the count per key block and a histogram of opcodes.
 The walk is a model of one path, not a measurement: ncu's source view counts what ran.
+
+--check-under-pv checks the forward's overlap on that path: every exponential (MUFU.EX2) issues
+while a wgmma group is still in flight, i.e. not between a `WARPGROUP.DEPBAR.LE gsb0, 0x0` (all
+products done) and the next HGMMA. ptxas hoists that wait to the top of its basic block, which
+put it in front of the softmax more than once (docs/benchmarks.md); exit status 1 names the first
+exponential that runs with nothing in flight.
 """
 import argparse
 import collections
@@ -30,6 +36,10 @@ BRA = re.compile(r'BRA (0x[0-9a-f]+)')
 
 def functions(path):
     return open(path).read().split('Function :')[1:]
+
+
+def name_of(text):
+    return text.split('\n', 1)[0].strip()
 
 
 def parse(text):
@@ -50,9 +60,13 @@ def opcode(insn):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument('sass')
-    ap.add_argument('--function', type=int, default=0, help='index of the Function in the dump')
+    ap.add_argument('--function', default='0',
+                    help='index of the Function in the dump, or a part of its name: every such '
+                         'Function then, one after the other')
     ap.add_argument('--taken', default='', help='hex addresses of branches to take, comma separated')
     ap.add_argument('--list', action='store_true', help='print the walked path, numbered')
+    ap.add_argument('--check-under-pv', action='store_true',
+                    help='fail unless every MUFU.EX2 of the walk issues with a wgmma in flight')
     ap.add_argument('--around', default='HGMMA:12', metavar='OP:N',
                     help='walk the innermost loop around N instructions of opcode OP (default '
                          'HGMMA:12, the consumers\' loop; UTMALDG:2 is the producer\'s)')
@@ -61,7 +75,26 @@ def main():
     if not (op and least.isdigit() and int(least) > 0):
         sys.exit(f'--around {args.around!r}: want OPCODE:N with N > 0, e.g. UTMALDG:2')
     least = int(least)
-    ins = parse(functions(args.sass)[args.function])
+    funcs = functions(args.sass)
+    if args.function.isdigit():
+        if int(args.function) >= len(funcs):
+            sys.exit(f'--function {args.function}: the dump has {len(funcs)} functions')
+        chosen = [funcs[int(args.function)]]
+    else:
+        chosen = [f for f in funcs if args.function in name_of(f)]
+        if not chosen:
+            sys.exit(f'--function {args.function!r}: no function of that name in the dump')
+    failed = 0
+    for text in chosen:
+        if len(chosen) > 1:
+            print(f'== {name_of(text)}')
+        failed += walk_function(text, args, op, least)
+    sys.exit(1 if failed else 0)
+
+
+def walk_function(text, args, op, least):
+    """Walks one function's loop, prints it; 1 where --check-under-pv fails, else 0."""
+    ins = parse(text)
     addrs = sorted(ins)
     after = dict(zip(addrs, addrs[1:]))
     taken = {int(x, 16) for x in args.taken.split(',') if x}
@@ -116,6 +149,33 @@ def main():
     print(f'loop {start:x}..{back:x}, {blocks} key block(s) a round: {len(path) / blocks:.1f} '
           f'instructions a block')
     print(' '.join(f'{k}:{v}' for k, v in hist.most_common()))
+    if not args.check_under_pv:
+        return 0
+    bad = exposed_exponentials(path)
+    if bad:
+        a, insn = bad[0]
+        print(f'{len(bad)} of {hist["MUFU"]} MUFU issue with no wgmma in flight, the first at '
+              f'{a:x} ({insn}), after a WARPGROUP.DEPBAR.LE gsb0, 0x0', file=sys.stderr)
+        return 1
+    print('every MUFU.EX2 of the walk issues with a wgmma in flight')
+    return 0
+
+
+def exposed_exponentials(path):
+    """The MUFU.EX2 of a loop round (walked cyclically) that issue after a wait for every wgmma
+    group (DEPBAR.LE gsb0, 0x0) and before the next HGMMA."""
+    def walk(in_flight, out=None):
+        for a, insn in path:
+            if opcode(insn) == 'HGMMA':
+                in_flight = True
+            elif 'DEPBAR.LE gsb0, 0x0' in insn:
+                in_flight = False
+            elif out is not None and not in_flight and 'MUFU.EX2' in insn:
+                out.append((a, insn))
+        return in_flight
+    out = []
+    walk(walk(True), out)  # the state at the round's end is the state at its start
+    return out
 
 
 if __name__ == '__main__':

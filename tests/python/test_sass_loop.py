@@ -75,3 +75,60 @@ def test_around_errors_name_the_value(tmp_path):
     assert r.returncode != 0 and "--around 'UTMALDG:0'" in r.stderr
     r = run(tmp_path, "--around", "UTMALDG:3")
     assert r.returncode != 0 and "no loop with 3 or more UTMALDG" in r.stderr
+
+
+def consumer_loop(softmax_first):
+    """A consumer-like loop of 12 HGMMA; the wait for every product before or after the two
+    exponentials."""
+    wait = ["WARPGROUP.DEPBAR.LE gsb0, 0x0"]
+    softmax = ["MUFU.EX2 R24, R24", "MUFU.EX2 R25, R25"]
+    body = (["HGMMA.64x128x16.F32.BF16 R24, gdesc[UR16], R24"] * 12
+            + ["WARPGROUP.DEPBAR.LE gsb0, 0x1"]
+            + (softmax + wait if softmax_first else wait + softmax)
+            + ["F2FP.BF16.F32.PACK_AB R120, R25, R24", "ISETP.GE.AND P2, PT, R4, R5, PT",
+               "@!P2 BRA 0x100", "EXIT"])
+    return listing(body)
+
+
+def test_check_under_pv_names_an_exposed_exponential(tmp_path):
+    path = tmp_path / "k.sass"
+    path.write_text(consumer_loop(softmax_first=True))
+    r = subprocess.run([sys.executable, SCRIPT, str(path), "--check-under-pv"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "every MUFU.EX2 of the walk issues with a wgmma in flight" in r.stdout
+    path.write_text(consumer_loop(softmax_first=False))
+    r = subprocess.run([sys.executable, SCRIPT, str(path), "--check-under-pv"],
+                       capture_output=True, text=True)
+    # 0x100 + 16 * 14: the first exponential, right after the wait for every product.
+    assert r.returncode == 1
+    assert "2 of 2 MUFU issue with no wgmma in flight, the first at 1e0 (MUFU.EX2 R24, R24)" \
+        in r.stderr
+
+
+def test_check_under_pv_follows_the_round_around(tmp_path):
+    # The exponential opens the round; the wait for every product closed the round before it.
+    body = (["MUFU.EX2 R24, R24"] + ["HGMMA.64x128x16.F32.BF16 R24, gdesc[UR16], R24"] * 12
+            + ["WARPGROUP.DEPBAR.LE gsb0, 0x0", "@!P2 BRA 0x100", "EXIT"])
+    path = tmp_path / "k.sass"
+    path.write_text(listing(body))
+    r = subprocess.run([sys.executable, SCRIPT, str(path), "--check-under-pv"],
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and "the first at 100 (MUFU.EX2 R24, R24)" in r.stderr
+
+
+def test_function_by_name_walks_each_match_and_names_a_miss(tmp_path):
+    path = tmp_path / "k.sass"
+    path.write_text(listing(BODY).replace("Function : kernel", "Function : my_fwd_kernel")
+                    + consumer_loop(softmax_first=False).replace("Function : kernel",
+                                                                 "Function : my_fwd_kernel_2"))
+    r = subprocess.run([sys.executable, SCRIPT, str(path), "--function", "fwd_kernel",
+                        "--check-under-pv"], capture_output=True, text=True)
+    assert "== my_fwd_kernel\n" in r.stdout and "== my_fwd_kernel_2\n" in r.stdout
+    assert r.returncode == 1 and "2 of 2 MUFU issue with no wgmma in flight" in r.stderr
+    r = subprocess.run([sys.executable, SCRIPT, str(path), "--function", "bwd_kernel"],
+                       capture_output=True, text=True)
+    assert r.returncode != 0 and "--function 'bwd_kernel': no function of that name" in r.stderr
+    r = subprocess.run([sys.executable, SCRIPT, str(path), "--function", "5"],
+                       capture_output=True, text=True)
+    assert r.returncode != 0 and "--function 5: the dump has 2 functions" in r.stderr
