@@ -63,6 +63,10 @@
 #ifndef MAGI_FWD_PREFETCH
 #define MAGI_FWD_PREFETCH 4
 #endif
+// TEMPORARY knob for the same-run A/B (wip/late-wait-2wg): 0 turns FwdConfig::kLateWait off.
+#ifndef MAGI_FWD_LATE_WAIT
+#define MAGI_FWD_LATE_WAIT 1
+#endif
 
 namespace magi::kernels::sm90 {
 
@@ -90,6 +94,11 @@ struct FwdConfig {
   // registers allow: at D 128. At D 64 (160 registers) the second P spilled, above D 128
   // ptxas serialized the wgmma; with one P, the late rescale measured 1-3 % slower at D 64.
   static constexpr bool kTwoP = kD == 128;
+  // With one P and two consumer warpgroups (D 192, 256), the softmax waits for the P V in
+  // flight after its exponentials, not before its row maxima (the consumer loop). Same-run A/B
+  // on an H100 (docs/benchmarks.md, fourteenth session): D 256 +1.4-2.4 % at 64k; at D 64
+  // (three warpgroups, the MUFU as busy as the tensor pipe) -7 to -10 %, so not there.
+  static constexpr bool kLateWait = !kTwoP && kWarpgroups == 2 && MAGI_FWD_LATE_WAIT;
   static_assert(kProducerRegs * 128 + kConsumerRegs * kConsumerThreads <=
                 65536 / kThreads / 8 * 8 * kThreads);
   using BM = cute::Int<kBlockM>;
@@ -139,9 +148,13 @@ struct FwdConfig {
     int job[2][5];  // stage (-1: stop), v_full parity, first row to zero (the block's keys
                     // inside its piece), the block's kb and its kv head
     detail::BlockInfo info[kStages];  // the block in each K stage (fwd_device.cuh)
+    // With kLateWait, a word per consumer thread, written and never read: the store that keeps
+    // the softmax's wait for the P V in flight after its exponentials (the consumer loop).
+    unsigned wait_anchor[kLateWait ? kConsumerThreads : 1];
   };
   // Slack to align the dynamic shared memory to the 1024-byte swizzle period.
   static constexpr int kSmemBytes = int(sizeof(Smem)) + 1024;
+  static_assert(kSmemBytes <= 227 * 1024, "more shared memory than an sm90 CTA may have");
 };
 
 // The kernel's one parameter: the plain parameters and the three TMA descriptors (built on
@@ -441,8 +454,8 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
     // Mask the block (only when a piece's corners do not cover this warpgroup's 64 rows), cap,
     // and fold it into the running max; S becomes P (unnormalised, fp32) and corr[i] the
     // factor that O's row i needs.
-    auto softmax = [&](const detail::BlockInfo& bi,
-                       float (&corr)[kRows]) CUTLASS_LAMBDA_FUNC_INLINE {
+    auto softmax = [&](const detail::BlockInfo& bi, float (&corr)[kRows],
+                       bool wait_pv) CUTLASS_LAMBDA_FUNC_INLINE {
       const Piece& pc = bi.pc;
       const int kb = bi.kb;
       // A visible logit of -inf (an inf in q), or +-inf under softcap, would vanish or turn
@@ -520,6 +533,19 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
           sum1 += S(i, jj + 1);
         }
         l[i] = l[i] * corr[i] + (sum0 + sum1);
+      }
+      // With wait_pv, the P V in flight reads tOrP, where P goes next: wait for it here, after
+      // the whole softmax, which so runs under it. ptxas hoists a wgmma wait to the top of its
+      // basic block (before the row maxima) unless a memory operation before it holds it back:
+      // a store of the row sums, which need every exponential, does (3 instructions a block).
+      if (wait_pv) {
+        unsigned sums = 0;
+        CUTE_UNROLL
+        for (int i = 0; i < kRows; ++i) sums |= __float_as_uint(l[i]);
+        *reinterpret_cast<volatile unsigned*>(&s.wait_anchor[ctid]) = sums;
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tOrO);
+        warpgroup_fence_operand(tOrP);
       }
     };
     // At D 64 every block rescales O, even when no row's max moved (corr 1): skipping it behind
@@ -706,7 +732,7 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
       poison_rows(bi);
       release_k(r.stage);
       release_q_after_last(bi);
-      softmax(bi, corr);
+      softmax(bi, corr, /*wait_pv=*/false);
       if constexpr (!C::kTwoP) rescale_o(corr);  // O is 0: as the steps do
       convert_p(tOrP);
       // Block j's softmax runs under block j-1's P V. With C::kTwoP nothing after the softmax
@@ -743,11 +769,13 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
         poison_rows(bi);
         release_k(r.stage);
         release_q_after_last(bi);
-        softmax(bi, corr);
+        softmax(bi, corr, /*wait_pv=*/C::kLateWait);
         if constexpr (!C::kTwoP) {
-          warpgroup_wait<0>();
-          warpgroup_fence_operand(tOrO);
-          warpgroup_fence_operand(p_prev);
+          if constexpr (!C::kLateWait) {
+            warpgroup_wait<0>();
+            warpgroup_fence_operand(tOrO);
+            warpgroup_fence_operand(p_prev);
+          }
           if (leader) Barrier::arrive(&s.v_empty[pending]);
           pending = -1;
           if constexpr (kD > 128)
