@@ -63,10 +63,6 @@
 #ifndef MAGI_FWD_PREFETCH
 #define MAGI_FWD_PREFETCH 4
 #endif
-// TEMPORARY knob for the same-run A/B (wip/late-wait-2wg): 0 turns FwdConfig::kLateWait off.
-#ifndef MAGI_FWD_LATE_WAIT
-#define MAGI_FWD_LATE_WAIT 1
-#endif
 
 namespace magi::kernels::sm90 {
 
@@ -95,10 +91,11 @@ struct FwdConfig {
   // ptxas serialized the wgmma; with one P, the late rescale measured 1-3 % slower at D 64.
   static constexpr bool kTwoP = kD == 128;
   // With one P and two consumer warpgroups (D 192, 256), the softmax waits for the P V in
-  // flight after its exponentials, not before its row maxima (the consumer loop). Same-run A/B
-  // on an H100 (docs/benchmarks.md, fourteenth session): D 256 +1.4-2.4 % at 64k; at D 64
-  // (three warpgroups, the MUFU as busy as the tensor pipe) -7 to -10 %, so not there.
-  static constexpr bool kLateWait = !kTwoP && kWarpgroups == 2 && MAGI_FWD_LATE_WAIT;
+  // flight after its exponentials, not before its row maxima (the consumer loop). Same-run A/Bs
+  // (docs/benchmarks.md, fourteenth session): at 64k +0.5 to +4.3 % (H200, D 192 and 256) and
+  // +1.4 to +2.4 % (H100, D 256); at 16k -0.9 to -2.5 %. At D 64 (three warpgroups, the MUFU
+  // as busy as the tensor pipe) it lost 7-10 %, so not there.
+  static constexpr bool kLateWait = !kTwoP && kWarpgroups == 2;
   static_assert(kProducerRegs * 128 + kConsumerRegs * kConsumerThreads <=
                 65536 / kThreads / 8 * 8 * kThreads);
   using BM = cute::Int<kBlockM>;
