@@ -93,8 +93,8 @@ struct FwdConfig {
   // With one P and two consumer warpgroups (D 192, 256), the softmax waits for the P V in
   // flight after its exponentials, not before its row maxima (the consumer loop). Same-run A/Bs
   // (docs/benchmarks.md, fourteenth session): at 64k +0.5 to +4.3 % (H200, D 192 and 256) and
-  // +1.4 to +2.4 % (H100, D 256); at 16k -0.9 to -2.5 %. At D 64 (three warpgroups, the MUFU
-  // as busy as the tensor pipe) it lost 7-10 %, so not there.
+  // +1.4 to +2.4 % (H100, D 256); at 16k -0.9 to -2.5 % (H200; H100 D 256 -2.5 and +2.5 %).
+  // At D 64 (three warpgroups, the MUFU as busy as the tensor pipe) it lost 7-10 %.
   static constexpr bool kLateWait = !kTwoP && kWarpgroups == 2;
   static_assert(kProducerRegs * 128 + kConsumerRegs * kConsumerThreads <=
                 65536 / kThreads / 8 * 8 * kThreads);
