@@ -44,11 +44,15 @@ BODY = (
 )
 
 
+def run_on(path, *args):
+    return subprocess.run([sys.executable, SCRIPT, str(path), *args], capture_output=True,
+                          text=True)
+
+
 def run(tmp_path, *args):
     path = tmp_path / "k.sass"
     path.write_text(listing(BODY))
-    return subprocess.run([sys.executable, SCRIPT, str(path), *args], capture_output=True,
-                          text=True)
+    return run_on(path, *args)
 
 
 def test_default_walks_the_hgmma_loop_and_skips_the_masking(tmp_path):
@@ -93,13 +97,11 @@ def consumer_loop(softmax_first):
 def test_check_under_pv_names_an_exposed_exponential(tmp_path):
     path = tmp_path / "k.sass"
     path.write_text(consumer_loop(softmax_first=True))
-    r = subprocess.run([sys.executable, SCRIPT, str(path), "--check-under-pv"],
-                       capture_output=True, text=True)
+    r = run_on(path, "--check-under-pv")
     assert r.returncode == 0, r.stderr
     assert "every MUFU.EX2 of the walk issues with a wgmma in flight" in r.stdout
     path.write_text(consumer_loop(softmax_first=False))
-    r = subprocess.run([sys.executable, SCRIPT, str(path), "--check-under-pv"],
-                       capture_output=True, text=True)
+    r = run_on(path, "--check-under-pv")
     # 0x100 + 16 * 14: the first exponential, right after the wait for every product.
     assert r.returncode == 1
     assert "2 of 2 MUFU issue with no wgmma in flight, the first at 1e0 (MUFU.EX2 R24, R24)" \
@@ -112,8 +114,7 @@ def test_check_under_pv_follows_the_round_around(tmp_path):
             + ["WARPGROUP.DEPBAR.LE gsb0, 0x0", "@!P2 BRA 0x100", "EXIT"])
     path = tmp_path / "k.sass"
     path.write_text(listing(body))
-    r = subprocess.run([sys.executable, SCRIPT, str(path), "--check-under-pv"],
-                       capture_output=True, text=True)
+    r = run_on(path, "--check-under-pv")
     assert r.returncode == 1 and "the first at 100 (MUFU.EX2 R24, R24)" in r.stderr
 
 
@@ -122,13 +123,10 @@ def test_function_by_name_walks_each_match_and_names_a_miss(tmp_path):
     path.write_text(listing(BODY).replace("Function : kernel", "Function : my_fwd_kernel")
                     + consumer_loop(softmax_first=False).replace("Function : kernel",
                                                                  "Function : my_fwd_kernel_2"))
-    r = subprocess.run([sys.executable, SCRIPT, str(path), "--function", "fwd_kernel",
-                        "--check-under-pv"], capture_output=True, text=True)
+    r = run_on(path, "--function", "fwd_kernel", "--check-under-pv")
     assert "== my_fwd_kernel\n" in r.stdout and "== my_fwd_kernel_2\n" in r.stdout
     assert r.returncode == 1 and "2 of 2 MUFU issue with no wgmma in flight" in r.stderr
-    r = subprocess.run([sys.executable, SCRIPT, str(path), "--function", "bwd_kernel"],
-                       capture_output=True, text=True)
+    r = run_on(path, "--function", "bwd_kernel")
     assert r.returncode != 0 and "--function 'bwd_kernel': no function of that name" in r.stderr
-    r = subprocess.run([sys.executable, SCRIPT, str(path), "--function", "5"],
-                       capture_output=True, text=True)
+    r = run_on(path, "--function", "5")
     assert r.returncode != 0 and "--function 5: the dump has 2 functions" in r.stderr
