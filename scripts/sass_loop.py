@@ -155,7 +155,8 @@ def walk_function(text, args, op, least):
     bad = exposed_exponentials(path)
     if bad:
         a, insn = bad[0]
-        print(f'{len(bad)} of {hist["MUFU"]} MUFU issue with no wgmma in flight, the first at '
+        exps = sum('MUFU.EX2' in insn for _, insn in path)
+        print(f'{len(bad)} of {exps} MUFU.EX2 issue with no wgmma in flight, the first at '
               f'{a:x} ({insn}), after a WARPGROUP.DEPBAR.LE gsb0, 0x0', file=sys.stderr)
         return 1
     print('every MUFU.EX2 of the walk issues with a wgmma in flight')

@@ -83,13 +83,13 @@ def test_around_errors_name_the_value(tmp_path):
 
 def consumer_loop(softmax_first):
     """A consumer-like loop of 12 HGMMA; the wait for every product before or after the two
-    exponentials."""
+    exponentials; a reciprocal (a MUFU, not an exponential) after both."""
     wait = ["WARPGROUP.DEPBAR.LE gsb0, 0x0"]
     softmax = ["MUFU.EX2 R24, R24", "MUFU.EX2 R25, R25"]
     body = (["HGMMA.64x128x16.F32.BF16 R24, gdesc[UR16], R24"] * 12
             + ["WARPGROUP.DEPBAR.LE gsb0, 0x1"]
             + (softmax + wait if softmax_first else wait + softmax)
-            + ["F2FP.BF16.F32.PACK_AB R120, R25, R24", "ISETP.GE.AND P2, PT, R4, R5, PT",
+            + ["MUFU.RCP R26, R26", "F2FP.BF16.F32.PACK_AB R120, R25, R24", "ISETP.GE.AND P2, PT, R4, R5, PT",
                "@!P2 BRA 0x100", "EXIT"])
     return listing(body)
 
@@ -104,7 +104,7 @@ def test_check_under_pv_names_an_exposed_exponential(tmp_path):
     r = run_on(path, "--check-under-pv")
     # 0x100 + 16 * 14: the first exponential, right after the wait for every product.
     assert r.returncode == 1
-    assert "2 of 2 MUFU issue with no wgmma in flight, the first at 1e0 (MUFU.EX2 R24, R24)" \
+    assert "2 of 2 MUFU.EX2 issue with no wgmma in flight, the first at 1e0 (MUFU.EX2 R24, R24)" \
         in r.stderr
 
 
@@ -125,7 +125,7 @@ def test_function_by_name_walks_each_match_and_names_a_miss(tmp_path):
                                                                  "Function : my_fwd_kernel_2"))
     r = run_on(path, "--function", "fwd_kernel", "--check-under-pv")
     assert "== my_fwd_kernel\n" in r.stdout and "== my_fwd_kernel_2\n" in r.stdout
-    assert r.returncode == 1 and "2 of 2 MUFU issue with no wgmma in flight" in r.stderr
+    assert r.returncode == 1 and "2 of 2 MUFU.EX2 issue with no wgmma in flight" in r.stderr
     r = run_on(path, "--function", "bwd_kernel")
     assert r.returncode != 0 and "--function 'bwd_kernel': no function of that name" in r.stderr
     r = run_on(path, "--function", "5")
