@@ -89,8 +89,8 @@ def consumer_loop(softmax_first):
     body = (["HGMMA.64x128x16.F32.BF16 R24, gdesc[UR16], R24"] * 12
             + ["WARPGROUP.DEPBAR.LE gsb0, 0x1"]
             + (softmax + wait if softmax_first else wait + softmax)
-            + ["MUFU.RCP R26, R26", "F2FP.BF16.F32.PACK_AB R120, R25, R24", "ISETP.GE.AND P2, PT, R4, R5, PT",
-               "@!P2 BRA 0x100", "EXIT"])
+            + ["MUFU.RCP R26, R26", "F2FP.BF16.F32.PACK_AB R120, R25, R24",
+               "ISETP.GE.AND P2, PT, R4, R5, PT", "@!P2 BRA 0x100", "EXIT"])
     return listing(body)
 
 
