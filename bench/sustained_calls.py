@@ -1,11 +1,14 @@
 """Back-to-back forward calls with no synchronisation between them, as a training loop's
 steady state runs them: IMPL (magiattn or ffa) on a full mask, bf16, Hq:Hkv 32:8, D 128 (or
 the head dim given last).
-Prints TFLOP/s over the whole run (3 warm-up calls first). bench/sustained_clock.sh samples the
-SM clock and power meanwhile; docs/benchmarks.md ("Sustained back-to-back calls") has why.
+Prints TFLOP/s over the whole run (3 warm-up calls first) and, where the driver's NVML counts
+it, the energy the GPU drew meanwhile (joules per PFLOP and mean watts).
+bench/sustained_clock.sh samples the SM clock and power meanwhile; docs/benchmarks.md
+("Sustained back-to-back calls") has why.
 
     python3 bench/sustained_calls.py magiattn 16384 300 [64]
 """
+import ctypes
 import os
 import sys
 import time
@@ -15,6 +18,26 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import magiattn  # noqa: E402
 from gpu_attention_bench import ffa_func  # noqa: E402
+
+
+def energy_counter():
+    """A function returning the GPU's total energy in joules (NVML, device 0), or None where
+    NVML or its energy counter (Volta and later) is not there."""
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+        handle, mj = ctypes.c_void_p(), ctypes.c_ulonglong()
+        if nvml.nvmlInit_v2() or nvml.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(handle)):
+            return None
+        read = nvml.nvmlDeviceGetTotalEnergyConsumption
+        if read(handle, ctypes.byref(mj)):
+            return None
+    except (OSError, AttributeError):
+        return None
+
+    def joules() -> float:
+        read(handle, ctypes.byref(mj))
+        return mj.value / 1e3
+    return joules
 
 
 def main() -> int:
@@ -33,12 +56,19 @@ def main() -> int:
     for _ in range(3):
         fn(q, k, v, r, r, t)
     torch.cuda.synchronize()
+    joules = energy_counter()
+    e0 = joules() if joules else 0.0
     t0 = time.perf_counter()
     for _ in range(calls):
         fn(q, k, v, r, r, t)
     torch.cuda.synchronize()
     dt = time.perf_counter() - t0
-    print(f"{impl} {n} D {d}: {4 * n * n * hq * d * calls / dt / 1e12:.1f} TFLOP/s over {dt:.2f} s")
+    flops = 4 * n * n * hq * d * calls
+    energy = ""
+    if joules:
+        e = joules() - e0
+        energy = f", {e / (flops / 1e15):.1f} J/PFLOP, {e / dt:.0f} W"
+    print(f"{impl} {n} D {d}: {flops / dt / 1e12:.1f} TFLOP/s over {dt:.2f} s{energy}")
     return 0
 
 
