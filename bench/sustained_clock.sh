@@ -2,7 +2,9 @@
 # Ours and FFA in back-to-back calls (bench/sustained_calls.py), full mask, D 128 (or $HEAD_DIM;
 # FFA compiles its D 64 kernel on the first call, minutes), at 16k (300 calls) and 64k (20
 # calls), twice each, alternating, with nvidia-smi sampling the SM clock and power every 25 ms;
-# prints TFLOP/s and the mean clock and power over the samples above 300 W (the busy ones), and
+# prints TFLOP/s (and NVML's energy over the calls: bench/sustained_calls.py), the mean clock and
+# power over the samples above 300 W (the busy ones; on Ampere and later power.draw is a
+# one-second average, so it lags a 1.3 s run: compare powers by the energy instead), and
 # how many busy samples had each clock event reason mask (clocks_event_reasons.active, or the
 # older clocks_throttle_reasons.active: 0x1 idle, 0x4 SW power cap, 0x8 HW slowdown, 0x20 SW
 # thermal, 0x40 HW thermal, 0x80 HW power brake; 0x0 none), where the driver knows the field.
