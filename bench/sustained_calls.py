@@ -21,12 +21,15 @@ from gpu_attention_bench import ffa_func  # noqa: E402
 
 
 def energy_counter():
-    """A function returning the GPU's total energy in joules (NVML, device 0), or None where
-    NVML or its energy counter (Volta and later) is not there."""
+    """A function returning the GPU's total energy in joules (NVML), or None where NVML or its
+    energy counter (Volta and later) is not there, or where NVML sees more than one GPU (its
+    order need not be CUDA's, so which one the calls ran on would be a guess)."""
     try:
         nvml = ctypes.CDLL("libnvidia-ml.so.1")
-        handle, mj = ctypes.c_void_p(), ctypes.c_ulonglong()
-        if nvml.nvmlInit_v2() or nvml.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(handle)):
+        handle, mj, count = ctypes.c_void_p(), ctypes.c_ulonglong(), ctypes.c_uint()
+        if (nvml.nvmlInit_v2() or nvml.nvmlDeviceGetCount_v2(ctypes.byref(count))
+                or count.value != 1
+                or nvml.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(handle))):
             return None
         read = nvml.nvmlDeviceGetTotalEnergyConsumption
         if read(handle, ctypes.byref(mj)):
