@@ -37,9 +37,8 @@ def energy_counter():
     except (OSError, AttributeError):
         return None
 
-    def joules() -> float:
-        read(handle, ctypes.byref(mj))
-        return mj.value / 1e3
+    def joules() -> float:  # NaN if a later read fails, not the last value again
+        return float("nan") if read(handle, ctypes.byref(mj)) else mj.value / 1e3
     return joules
 
 
