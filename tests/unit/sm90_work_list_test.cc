@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "attn_case.h"
+#include "kernels/sm90/block_cover.h"
 #include "kernels/sm90/work_list.h"
 #include "magi/error.h"
 #include "magi/mask_builders.h"
@@ -251,6 +252,60 @@ TEST(Sm90WorkList, RejectsBadBlocksAndHugeSequences) {
   } catch (const magi::Error& e) {
     EXPECT_NE(std::string(e.what()).find("32-bit"), std::string::npos) << e.what();
   }
+}
+
+// The kernels' block predicate (block_cover.h) against the cells: a block is covered for a run
+// of rows exactly when the piece sees every cell of it.
+TEST(Sm90BlockCover, CoversIsEveryCellVisible) {
+  std::mt19937_64 rng(testing::test_seed() ^ 0xc0);
+  for (int c = 0; c < 3000; ++c) {
+    auto r = [&](int n) { return int(rng() % unsigned(n)); };
+    const int q0 = r(40), k0 = r(40);
+    const Piece pc{q0, q0 + 1 + r(60), k0, k0 + 1 + r(60), r(2) ? -kBandClamp : r(80) - 40,
+                   r(2) ? kBandClamp : r(80) - 40};
+    const int r0 = r(90), rows = 1 + r(24), kb = r(90), bn = 1 + r(24);
+    bool all = true;
+    for (int q = r0; q < r0 + rows; ++q)
+      for (int k = kb; k < kb + bn; ++k) all = all && covers(pc, q, k);
+    ASSERT_EQ(sm90::covers(pc, r0, rows, kb, bn), all)
+        << "case " << c << ": rows " << r0 << "+" << rows << ", keys " << kb << "+" << bn;
+  }
+}
+
+// unmasked_run: the blocks after kb (in steps of block_n, inside the piece) that the tile's rows
+// see whole, stopping at the first that is not, and never the tile's last block (the kernel's
+// consumers leave their loop only on a block whose info they read).
+int walked_run(const Piece& pc, int r0, int rows, int kb, int bn, bool last_piece) {
+  int n = 0;
+  for (std::int64_t b = std::int64_t(kb) + bn; b < pc.k1; b += bn, ++n) {
+    const bool last = last_piece && b + bn >= pc.k1;
+    if (last || !sm90::covers(pc, r0, rows, int(b), bn)) break;
+  }
+  return n;
+}
+
+TEST(Sm90BlockCover, UnmaskedRunIsTheWalkedRun) {
+  std::mt19937_64 rng(testing::test_seed() ^ 0xc1);
+  for (int c = 0; c < 4000; ++c) {
+    auto r = [&](int n) { return int(rng() % unsigned(n)); };
+    const int bn = 16 << r(3), rows = 64 * (2 + r(2));
+    const int q0 = r(600), k0 = r(600);
+    const Piece pc{q0, q0 + 1 + r(900), k0, k0 + 1 + r(1500),
+                   r(3) == 0 ? -kBandClamp : r(1200) - 600, r(3) == 0 ? kBandClamp : r(1200) - 600};
+    const int r0 = 64 * r(16), last = r(2);
+    for (int kb = pc.k0; kb < pc.k1; kb += bn)
+      ASSERT_EQ(unmasked_run(pc, r0, rows, kb, bn, last), walked_run(pc, r0, rows, kb, bn, last))
+          << "case " << c << ": piece q " << pc.q0 << ".." << pc.q1 << " k " << pc.k0 << ".."
+          << pc.k1 << " band " << pc.lo << ".." << pc.hi << ", rows " << r0 << "+" << rows
+          << ", block " << kb << "+" << bn << (last ? ", last piece" : "");
+  }
+  // Near the int range's end: no overflow (keys up to 2^31 - 1, the band clamp), and the cap.
+  const int top = 0x7fffffff;
+  const Piece wide{0, 192, top - 1000, top, -kBandClamp, kBandClamp};
+  for (int kb = wide.k0; kb < wide.k1 - 128; kb += 128)
+    EXPECT_EQ(unmasked_run(wide, 0, 192, kb, 128, true), walked_run(wide, 0, 192, kb, 128, true));
+  const Piece huge{0, 192, 0, top, -kBandClamp, kBandClamp};
+  EXPECT_EQ(unmasked_run(huge, 0, 192, 0, 128, false), kMaxUnmaskedRun);
 }
 
 }  // namespace

@@ -601,7 +601,7 @@ __global__ void __launch_bounds__(BwdConfig<T, kD>::kThreads, 1)
         Barrier::wait(&s.q_checked[r.stage], r.phase);
         const detail::BwdBlockInfo bi = s.info[r.stage];
         const Piece& pc = bi.pc;
-        const bool full = detail::covers(pc, bi.qb, kBM, kw, kBW);
+        const bool full = covers(pc, bi.qb, kBM, kw, kBW);
         // Zero (set, not multiplied) the cells of x the piece does not see: per key (row i of
         // the thread's fragment) the query rows that see it, as column offsets (per-cell bounds
         // arithmetic was 40 % of the instructions on a sliding-window mask).

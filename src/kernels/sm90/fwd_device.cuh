@@ -11,6 +11,7 @@
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cute/arch/cluster_sm90.hpp>
 
+#include "block_cover.h"
 #include "fwd_params.h"
 
 namespace magi::kernels::sm90 {
@@ -221,10 +222,12 @@ struct BlockInfo {
     kLast = 1,      // the tile's last block
     kFixed = 2,     // the fixer zeroes V rows of this block: wait for v_ready, not v_full
     kFullRows = 4,  // << warpgroup: the piece covers the block for that warpgroup's 64 rows
+    kRunShift = 8,  // flags >> kRunShift: the run after this block (unmasked_run)
   };
   Piece pc;
   int kb, flags;
 };
+static_assert(kMaxUnmaskedRun <= (0x7fffffff >> BlockInfo::kRunShift), "a run fits the flags");
 
 // Bits [kb, kb + live) of one head's row flags (live <= 128, the rest 0), read by a whole warp
 // (lane i loads word kb / 32 + i; the flag array has kBadWords + 1 words of padding per head).
@@ -278,12 +281,6 @@ __device__ inline bool non_finite8(uint4 x) {
   constexpr unsigned e = kBf16 ? 0x7F807F80u : 0x7C007C00u;
   return (__vcmpeq2(x.x & e, e) | __vcmpeq2(x.y & e, e) | __vcmpeq2(x.z & e, e) |
           __vcmpeq2(x.w & e, e)) != 0u;
-}
-
-// Whether the piece covers every cell of the block for rows [r0, r0 + rows): no element mask.
-__device__ inline bool covers(const Piece& pc, int r0, int rows, int kb, int block_n) {
-  return r0 >= pc.q0 && r0 + rows <= pc.q1 && kb >= pc.k0 && kb + block_n <= pc.k1 &&
-         kb - (r0 + rows - 1) >= pc.lo && kb + block_n - 1 - r0 <= pc.hi;
 }
 
 // The element mask of a block that a piece does not cover, one fragment row at a time (every

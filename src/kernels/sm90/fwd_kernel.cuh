@@ -20,6 +20,12 @@
 // barriers pass a token that orders their wgmma issue round robin, so that one warpgroup's
 // softmax runs while another's matrix products do.
 //
+// Runs: where a piece's blocks are seen whole by every row of the tile, the producer counts the
+// run after the block it writes the info of (unmasked_run) and writes no info for the run's
+// blocks; the consumers take them in a loop of their own, without the info, the mask and
+// NaN/inf tests or the test for the tile's last block (at D 64 408 instructions a block against
+// 446; not at D 128, where the second copy of the step did not fit the registers).
+//
 // Masking: element masks run only on blocks whose corners a piece does not cover; rows
 // outside the piece, keys outside [k0, k1) and cells off the band are -inf (whatever K holds
 // there), so their P is exactly 0. But 0 * NaN is NaN: a pass over K and V before the kernel
@@ -63,6 +69,11 @@
 #ifndef MAGI_FWD_PREFETCH
 #define MAGI_FWD_PREFETCH 4
 #endif
+// Runs of unmasked key blocks in a loop of their own (the consumer loop); a build knob for
+// measuring (-DMAGI_FWD_RUNS=0: every block through the general step).
+#ifndef MAGI_FWD_RUNS
+#define MAGI_FWD_RUNS 1
+#endif
 
 namespace magi::kernels::sm90 {
 
@@ -90,6 +101,11 @@ struct FwdConfig {
   // registers allow: at D 128. At D 64 (160 registers) the second P spilled, above D 128
   // ptxas serialized the wgmma; with one P, the late rescale measured 1-3 % slower at D 64.
   static constexpr bool kTwoP = kD == 128;
+  // Runs of unmasked blocks go through a loop of their own, which reads no block info (the
+  // consumer loop). Not where the second copy of the step does not fit the registers: at D 128
+  // (two P) ptxas serialized every wgmma, in the rewriting kernel (softcap, negative scale) the
+  // consumer code spilled (276 spill instructions at D 64, against 4).
+  static constexpr bool kRuns = MAGI_FWD_RUNS && !kTwoP && !kRewrite;
   // With one P and two consumer warpgroups (D 192, 256), the softmax waits for the P V in
   // flight after its exponentials, not before its row maxima (the consumer loop). Same-run A/Bs
   // (docs/benchmarks.md, fourteenth session): at 64k +0.5 to +4.3 % (H200, D 192 and 256) and
@@ -339,22 +355,37 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
       auto ahead = it;
       bool ahead_new = false;
       for (int i = 0; i < C::kPrefetch && ahead.valid(); ++i) ahead_new = ahead.advance(p.pieces, kBN);
+      int run_left = 0;  // blocks of an unmasked run still to load (the consumers read no info)
       while (it.valid()) {
         const detail::Ring r = detail::ring<kStages>(blk++);
+        const bool in_run = run_left > 0;
         detail::BlockInfo info{pc, it.kb, 0};
+        const bool last_piece = it.piece == it.end - 1;
         const bool new_piece = it.advance(p.pieces, kBN);  // it: the next block
-        if (!it.valid()) info.flags |= detail::BlockInfo::kLast;
-        for (int w = 0; w < C::kWarpgroups; ++w)
-          if (detail::covers(pc, tile.start + 64 * w, 64, info.kb, kBN))
-            info.flags |= detail::BlockInfo::kFullRows << w;
-        // A head with a flagged key row (rare) has the fixer look at each of its blocks with
-        // masked cells, to zero the flagged V rows there and those past the piece (where every
-        // row sees every key, every row is NaN anyway); the fixer and the consumers read the
-        // row flags themselves, so the producer (40 registers) carries none of it.
-        const int live = pc.k1 - info.kb < kBN ? pc.k1 - info.kb : kBN;
-        constexpr int kAllFull = ((1 << C::kWarpgroups) - 1) * detail::BlockInfo::kFullRows;
-        const bool fix = head_bad && (info.flags & kAllFull) != kAllFull;
-        if (fix) info.flags |= detail::BlockInfo::kFixed;
+        bool fix = false;
+        int live = 0;
+        if (in_run) {
+          --run_left;
+        } else {
+          if (!it.valid()) info.flags |= detail::BlockInfo::kLast;
+          for (int w = 0; w < C::kWarpgroups; ++w)
+            if (covers(pc, tile.start + 64 * w, 64, info.kb, kBN))
+              info.flags |= detail::BlockInfo::kFullRows << w;
+          // The unmasked blocks after this one, which the consumers run without their info
+          // (the consumer loop). A head with a flagged row has none: its blocks need their info.
+          if (C::kRuns && !head_bad) {
+            run_left = unmasked_run(pc, tile.start, C::kBlockM, info.kb, kBN, last_piece);
+            info.flags |= run_left << detail::BlockInfo::kRunShift;
+          }
+          // A head with a flagged key row (rare) has the fixer look at each of its blocks with
+          // masked cells, to zero the flagged V rows there and those past the piece (where
+          // every row sees every key, every row is NaN anyway); the fixer and the consumers
+          // read the row flags themselves, so the producer (40 registers) carries none of it.
+          live = pc.k1 - info.kb < kBN ? pc.k1 - info.kb : kBN;
+          constexpr int kAllFull = ((1 << C::kWarpgroups) - 1) * detail::BlockInfo::kFullRows;
+          fix = head_bad && (info.flags & kAllFull) != kAllFull;
+          if (fix) info.flags |= detail::BlockInfo::kFixed;
+        }
         if (ahead.valid()) {
           if (ahead_new && elected()) {
             l2_prefetch(kp.tma_k, mK, ahead.kb, hk);
@@ -364,7 +395,7 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
         }
         if (elected()) {
           Barrier::wait(&s.k_empty[r.stage], r.phase ^ 1);
-          s.info[r.stage] = info;  // published by the K load's arrive (release)
+          if (!in_run) s.info[r.stage] = info;  // published by the K load's arrive (release)
           tma_load(kp.tma_k, mK, info.kb, hk, s.k_full[r.stage], sK(_, _, r.stage),
                    TMA::CacheHintSm90::EVICT_LAST);
           Barrier::wait(&s.v_empty[r.stage], r.phase ^ 1);
@@ -451,7 +482,8 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
     // Mask the block (only when a piece's corners do not cover this warpgroup's 64 rows), cap,
     // and fold it into the running max; S becomes P (unnormalised, fp32) and corr[i] the
     // factor that O's row i needs.
-    auto softmax = [&](const detail::BlockInfo& bi, float (&corr)[kRows],
+    // fast: a block of an unmasked run (bi is not its info: no mask).
+    auto softmax = [&](bool fast, const detail::BlockInfo& bi, float (&corr)[kRows],
                        bool wait_pv) CUTLASS_LAMBDA_FUNC_INLINE {
       const Piece& pc = bi.pc;
       const int kb = bi.kb;
@@ -460,7 +492,7 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
       // plain covered block, by a row max of -inf (an inf in q makes every logit of its row
       // infinite or NaN, so a +inf or NaN poisons the row by itself). Masked blocks add no
       // per-cell test: docs/numerics.md says what that leaves.
-      const bool full = bi.flags & (detail::BlockInfo::kFullRows << wg);
+      const bool full = fast || (bi.flags & (detail::BlockInfo::kFullRows << wg));
       if constexpr (!rewrite) saw_full |= full;
       if (!full) {
         // Per row the keys it sees, as column offsets (detail::offsets_from): two compares
@@ -729,7 +761,7 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
       poison_rows(bi);
       release_k(r.stage);
       release_q_after_last(bi);
-      softmax(bi, corr, /*wait_pv=*/false);
+      softmax(/*fast=*/false, bi, corr, /*wait_pv=*/false);
       if constexpr (!C::kTwoP) rescale_o(corr);  // O is 0: as the steps do
       convert_p(tOrP);
       // Block j's softmax runs under block j-1's P V. With C::kTwoP nothing after the softmax
@@ -745,7 +777,12 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
       detail::Ring prev = r;  // the block whose P V is next
       bool prev_fixed = bi.flags & detail::BlockInfo::kFixed;
       int pending = -1;       // V stage of a P V in flight not yet waited for (-1: none)
-      auto step = [&](PTensor& p_prev, PTensor& p_next) CUTLASS_LAMBDA_FUNC_INLINE {
+      // Blocks after the last one whose info was read that every row sees whole, none fixed or
+      // the last (the producer's unmasked_run): a step with `fast` runs one without its info,
+      // its mask or NaN tests and the tests for the tile's last block, in a loop of its own.
+      int run = C::kRuns ? bi.flags >> detail::BlockInfo::kRunShift : 0;
+      // One key block; returns whether it was the tile's last.
+      auto step = [&](bool fast, PTensor& p_prev, PTensor& p_next) CUTLASS_LAMBDA_FUNC_INLINE {
         r = detail::ring<kStages>(blk++);
         if (waits) TxBarrier::wait(&s.k_full[r.stage], r.phase);
         if constexpr (C::kTwoP) {
@@ -755,18 +792,21 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
           if (leader && pending >= 0) Barrier::arrive(&s.v_empty[pending]);
           rescale_o_if_moved(corr);
         }
-        bi = take_turn(r.stage);
+        if (fast)
+          detail::named_sync(my_bar, kPair);
+        else
+          bi = take_turn(r.stage);
         issue_qk(r.stage);
-        wait_v(prev, prev_fixed, waits);
+        wait_v(prev, !fast && prev_fixed, waits);  // a run has no fixed block
         issue_pv(prev.stage, p_prev);
         detail::named_arrive(next_bar, kPair);
         pending = prev.stage;
         warpgroup_wait<1>();  // S of this block; the P V may still run
         warpgroup_fence_operand(tSrS);
-        poison_rows(bi);
+        if (!fast) poison_rows(bi);
         release_k(r.stage);
-        release_q_after_last(bi);
-        softmax(bi, corr, /*wait_pv=*/C::kLateWait);
+        if (!fast) release_q_after_last(bi);
+        softmax(fast, bi, corr, /*wait_pv=*/C::kLateWait);
         if constexpr (!C::kTwoP) {
           if constexpr (!C::kLateWait) {
             warpgroup_wait<0>();
@@ -782,20 +822,23 @@ __global__ void __launch_bounds__(FwdConfig<T, kD, kRewrite>::kThreads, 1)
         }
         convert_p(p_next);
         prev = r;
+        if (fast) return false;
         prev_fixed = bi.flags & detail::BlockInfo::kFixed;
+        if constexpr (C::kRuns) run = bi.flags >> detail::BlockInfo::kRunShift;
         return bool(bi.flags & detail::BlockInfo::kLast);
       };
       bool last_in_p2 = false;  // the last block's P is in tOrP2
       if (!(bi.flags & detail::BlockInfo::kLast)) {
         for (;;) {  // each step says whether its block was the last
           if constexpr (C::kTwoP) {  // two blocks a round: each P is one set of registers
-            if (step(tOrP, tOrP2)) {
+            if (step(/*fast=*/false, tOrP, tOrP2)) {
               last_in_p2 = true;
               break;
             }
-            if (step(tOrP2, tOrP)) break;
+            if (step(/*fast=*/false, tOrP2, tOrP)) break;
           } else {
-            if (step(tOrP, tOrP)) break;
+            for (; run > 0; --run) step(/*fast=*/true, tOrP, tOrP);
+            if (step(/*fast=*/false, tOrP, tOrP)) break;
           }
         }
       }
