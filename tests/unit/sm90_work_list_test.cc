@@ -260,9 +260,10 @@ TEST(Sm90BlockCover, CoversIsEveryCellVisible) {
   std::mt19937_64 rng(testing::test_seed() ^ 0xc0);
   for (int c = 0; c < 3000; ++c) {
     auto r = [&](int n) { return int(rng() % unsigned(n)); };
-    const int q0 = r(40), k0 = r(40);
-    const Piece pc{q0, q0 + 1 + r(60), k0, k0 + 1 + r(60), r(2) ? -kBandClamp : r(80) - 40,
-                   r(2) ? kBandClamp : r(80) - 40};
+    const int q0 = r(40), q1 = q0 + 1 + r(60), k0 = r(40), k1 = k0 + 1 + r(60);
+    const int lo = r(2) ? -kBandClamp : r(80) - 40;
+    const int hi = r(2) ? kBandClamp : r(80) - 40;
+    const Piece pc{q0, q1, k0, k1, lo, hi};
     const int r0 = r(90), rows = 1 + r(24), kb = r(90), bn = 1 + r(24);
     bool all = true;
     for (int q = r0; q < r0 + rows; ++q)
@@ -289,16 +290,28 @@ TEST(Sm90BlockCover, UnmaskedRunIsTheWalkedRun) {
   for (int c = 0; c < 4000; ++c) {
     auto r = [&](int n) { return int(rng() % unsigned(n)); };
     const int bn = 16 << r(3), rows = 64 * (2 + r(2));
-    const int q0 = r(600), k0 = r(600);
-    const Piece pc{q0, q0 + 1 + r(900), k0, k0 + 1 + r(1500),
-                   r(3) == 0 ? -kBandClamp : r(1200) - 600, r(3) == 0 ? kBandClamp : r(1200) - 600};
+    // Half the pieces hold every row of the tile, half end on a whole block (the tile's last
+    // block must then stay out of a run).
     const int r0 = 64 * r(16), last = r(2);
+    const int q0 = r(2) ? r(600) : 0, q1 = r(2) ? q0 + 1 + r(900) : 2000;
+    const int k0 = r(600), k1 = k0 + bn * (1 + r(24)) - (r(2) ? r(bn) : 0);
+    const int lo = r(3) == 0 ? -kBandClamp : r(1200) - 600;
+    const int hi = r(3) == 0 ? kBandClamp : r(1200) - 600;
+    const Piece pc{q0, q1, k0, k1, lo, hi};
     for (int kb = pc.k0; kb < pc.k1; kb += bn)
       ASSERT_EQ(unmasked_run(pc, r0, rows, kb, bn, last), walked_run(pc, r0, rows, kb, bn, last))
           << "case " << c << ": piece q " << pc.q0 << ".." << pc.q1 << " k " << pc.k0 << ".."
           << pc.k1 << " band " << pc.lo << ".." << pc.hi << ", rows " << r0 << "+" << rows
           << ", block " << kb << "+" << bn << (last ? ", last piece" : "");
   }
+  // A full piece of 4 whole blocks: after block 0, blocks 1 and 2, and 3 too unless it is the
+  // tile's last; a causal band (hi = 0) ending at the tile's rows: the blocks below its diagonal.
+  const Piece full{0, 192, 0, 512, -kBandClamp, kBandClamp};
+  EXPECT_EQ(unmasked_run(full, 0, 192, 0, 128, true), 2);
+  EXPECT_EQ(unmasked_run(full, 0, 192, 0, 128, false), 3);
+  EXPECT_EQ(unmasked_run(full, 0, 192, 384, 128, false), 0);
+  const Piece causal{512, 704, 0, 704, -kBandClamp, 0};
+  EXPECT_EQ(unmasked_run(causal, 512, 192, 0, 128, true), 3);  // keys 128..512: k <= q for all
   // Near the int range's end: no overflow (keys up to 2^31 - 1, the band clamp), and the cap.
   const int top = 0x7fffffff;
   const Piece wide{0, 192, top - 1000, top, -kBandClamp, kBandClamp};

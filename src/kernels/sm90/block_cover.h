@@ -24,8 +24,9 @@ inline constexpr int kMaxUnmaskedRun = 1 << 22;
 
 // The blocks right after block kb of piece pc (kb, kb + block_n, ... up to k1) that the rows
 // [r0, r0 + rows) see whole, none of them the tile's last block (last_piece: pc is the tile's
-// last piece, whose last block is the tile's), at most kMaxUnmaskedRun: the forward's consumers run those blocks without reading their info. No sum
-// here passes the int range (make_work_list checks the lengths; hi is up to kBandClamp).
+// last piece, whose last block is the tile's), at most kMaxUnmaskedRun: the forward's
+// consumers run those blocks without reading their info. No sum here passes the int range
+// (make_work_list checks the lengths; hi is up to kBandClamp).
 MAGI_HOST_DEVICE inline int unmasked_run(const Piece& pc, int r0, int rows, int kb, int block_n,
                                          bool last_piece) {
   if (r0 < pc.q0 || r0 + rows > pc.q1) return 0;
