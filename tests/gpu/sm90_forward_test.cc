@@ -183,6 +183,30 @@ TEST(Sm90Forward, HeadDims) {
   EXPECT_GT(ran, 0);
 }
 
+// Key blocks that every row of a tile sees whole run through a loop of their own at D 64, 192
+// and 256 (fwd_kernel.cuh, block_cover.h): masks long enough for runs, ending on a whole key
+// block (the tile's last block stays out of a run) and off one, a run that ends at a piece
+// followed by another piece, and rows past the last whole tile.
+TEST(Sm90Forward, UnmaskedRunsAtEveryHeadDim) {
+  REQUIRE_GPU();
+  const std::vector<std::pair<std::string, Mask>> cases = {
+      {"full 1024", masks::full(1024, 1024)},
+      {"full 700 x 1000", masks::full(700, 1000)},
+      {"causal 1280", masks::causal(1280, 1280)},
+      {"varlen causal 900, 600, 1024", masks::varlen_causal(prefix_sums({900, 600, 1024}))},
+      {"full 512 keys then causal", Mask(640, 1152, {Slice{{0, 640}, {0, 512}, MaskType::kFull},
+                                                    Slice{{0, 640}, {512, 1152}, MaskType::kCausal}})},
+  };
+  int ran = 0;
+  for (std::int64_t d : {64, 128, 192, 256})
+    for (const auto& [name, mask] : cases) {
+      Case c;
+      c.d = d;
+      ran += check(mask, c, 7, name + ", D " + std::to_string(d));
+    }
+  EXPECT_GT(ran, 0);
+}
+
 TEST(Sm90Forward, Softcap) {
   REQUIRE_GPU();
   const Mask mask = masks::causal(600, 600);
@@ -679,15 +703,19 @@ TEST(Sm90Forward, NanInASeenKeyRowMakesItsRowsNan) {
   REQUIRE_GPU();
   // The case: causal 512, NaN in key row 5 (kv head 0): rows 5..511 of heads 0 and 1
   // NaN, out and lse (lse was -inf); rows 0..4, which share the key block, untouched.
+  // At D 64 and 256 the blocks of kv head 1, which holds no NaN, go through the loop of unmasked
+  // runs (tile 384..511 at D 64 sees keys 128..383 whole); those of kv head 0 must not.
   const Mask mask = masks::causal(512, 512);
-  for (DType in : {DType::kBF16, DType::kF16}) {
-    Case c = with_dtype(Case{}, in);
-    if (!built(c.in, c.d)) continue;
-    const auto n = expect_rule(mask, c, [&](Problem& p) {
-      plant_row(p.k, 5, 0, c.hkv, c.d, std::nan(""));
-    }, "NaN k row 5");
-    EXPECT_EQ(n, 507 * 2);
-  }
+  for (std::int64_t d : {128, 64, 256})
+    for (DType in : {DType::kBF16, DType::kF16}) {
+      Case c = with_dtype(Case{}, in);
+      c.d = d;
+      if (!built(c.in, c.d)) continue;
+      const auto n = expect_rule(mask, c, [&](Problem& p) {
+        plant_row(p.k, 5, 0, c.hkv, c.d, std::nan(""));
+      }, "NaN k row 5, D " + std::to_string(d));
+      EXPECT_EQ(n, 507 * 2);
+    }
 }
 
 TEST(Sm90Forward, InfInQWhoseLogitsAreAllMinusInfMakesItsRowNan) {
