@@ -27,16 +27,7 @@ if [ -d .peer ]; then
   bash .peer/setup.sh > "$OUT/peer.txt" 2>&1 && . "${PEER_DIR:-/tmp/peer}/env.sh"
   # A saved workspace: no 3.5-minute JIT (the D 64 kernel was ready in 0 s, 2026-12-05).
   [ -n "${FFA_WS:-}" ] && tar xzf "$FFA_WS" -C "${PEER_DIR:-/tmp/peer}"
-  python3 - "$D" > "$OUT/ffa_jit.txt" 2>&1 <<'PY' &
-import sys, time, torch
-from magi_attention.functional import flex_flash_attn_func as ffa
-d, t = int(sys.argv[1]), time.time()
-q, k, v = (torch.randn(2048, h, d, device="cuda", dtype=torch.bfloat16) for h in (32, 8, 8))
-r = torch.tensor([[0, 2048]], dtype=torch.int32, device="cuda")
-for ty in (0, 1):
-    ffa(q, k, v, r, r, torch.tensor([ty], dtype=torch.int32, device="cuda"))
-torch.cuda.synchronize(); print(f"FFA D {d} ready in {time.time() - t:.0f} s")
-PY
+  python3 bench/ffa_warm.py "$D" > "$OUT/ffa_jit.txt" 2>&1 &
   JIT=$!
 fi
 names=(); pids=()

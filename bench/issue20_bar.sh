@@ -21,16 +21,7 @@ nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv,noheader
 bash .peer/setup.sh > "$OUT/peer.txt" 2>&1 || { cat "$OUT/peer.txt"; exit 1; }
 . "$PEER/env.sh"
 [ -n "${FFA_WS:-}" ] && tar xzf "$FFA_WS" -C "$PEER"
-python3 - > "$OUT/ffa_jit.txt" 2>&1 <<'PY' &
-import time, torch
-from magi_attention.functional import flex_flash_attn_func as ffa
-t = time.time()
-q, k, v = (torch.randn(2048, h, 64, device="cuda", dtype=torch.bfloat16) for h in (32, 8, 8))
-r = torch.tensor([[0, 2048]], dtype=torch.int32, device="cuda")
-for ty in (0, 1):
-    ffa(q, k, v, r, r, torch.tensor([ty], dtype=torch.int32, device="cuda"))
-torch.cuda.synchronize(); print(f"FFA D 64 ready in {time.time() - t:.0f} s")
-PY
+python3 bench/ffa_warm.py 64 > "$OUT/ffa_jit.txt" 2>&1 &
 JIT=$!
 python3 -m pip install -q --no-build-isolation --no-deps --target "$W/pkg" -Cbuild-dir="$W/build" \
   "-Ccmake.define.MAGI_CUDA_KERNELS=bf16/64;bf16/128;bf16/192;bf16/256" . > "$W/build.txt" 2>&1 ||
@@ -39,7 +30,7 @@ export PYTHONPATH=$W/pkg:$PYTHONPATH
 t "package built"
 B="python3 bench/gpu_attention_bench.py --reps ${REPS:-5} --inner ${INNER:-3} --seqlens 16384 32768 65536"
 for d in 192 256; do $B --no-flex --no-ffa --masks full causal --head-dim $d; t "D $d"; done
-wait "$JIT"; cat "$OUT/ffa_jit.txt" | tail -1
+wait "$JIT"; tail -1 "$OUT/ffa_jit.txt"
 [ -n "${FFA_WS:-}" ] || (cd "$PEER" && tar czf "$OUT/ffa_ws.tgz" ws)
 t "FFA D 64 ready"
 $B --no-flex; t "D 128"

@@ -311,7 +311,7 @@ TEST(Sm90BlockCover, UnmaskedRunIsTheWalkedRun) {
   EXPECT_EQ(unmasked_run(full, 0, 192, 0, 128, false), 3);
   EXPECT_EQ(unmasked_run(full, 0, 192, 384, 128, false), 0);
   const Piece causal{512, 704, 0, 704, -kBandClamp, 0};
-  EXPECT_EQ(unmasked_run(causal, 512, 192, 0, 128, true), 3);  // keys 128..512: k <= q for all
+  EXPECT_EQ(unmasked_run(causal, 512, 192, 0, 128, true), 3);  // keys 128..511: k <= q for every row
   // Near the int range's end: no overflow (keys up to 2^31 - 1, the band clamp), and the cap.
   const int top = 0x7fffffff;
   const Piece wide{0, 192, top - 1000, top, -kBandClamp, kBandClamp};
